@@ -1,0 +1,586 @@
+#include "net/socket/connection.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+namespace unifab::net::socket {
+namespace {
+
+enum class Io { kDone, kWouldBlock, kEof, kError };
+
+// Reads up to `length` bytes; `*got` is what arrived. kDone means the kernel gave everything asked.
+Io readSome(int fd, void* buffer, size_t length, size_t* got, int* err) {
+  *got = 0;
+  while (*got < length) {
+    ssize_t n = recv(fd, static_cast<char*>(buffer) + *got, length - *got, MSG_DONTWAIT);
+    if (n > 0) {
+      *got += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return Io::kEof;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Io::kWouldBlock;
+    *err = errno;
+    return Io::kError;
+  }
+  return Io::kDone;
+}
+
+// Writes the two-part message [head, body] from byte `*sent` on; updates `*sent`.
+Io writeSome(int fd, const void* head, size_t headLength, const void* body, size_t bodyLength, size_t* sent,
+             int* err) {
+  size_t total = headLength + bodyLength;
+  while (*sent < total) {
+    iovec parts[2];
+    int count = 0;
+    if (*sent < headLength) {
+      parts[count].iov_base = const_cast<char*>(static_cast<const char*>(head) + *sent);
+      parts[count].iov_len = headLength - *sent;
+      ++count;
+    }
+    size_t bodyOffset = *sent > headLength ? *sent - headLength : 0;
+    if (bodyLength > bodyOffset) {
+      parts[count].iov_base = const_cast<char*>(static_cast<const char*>(body) + bodyOffset);
+      parts[count].iov_len = bodyLength - bodyOffset;
+      ++count;
+    }
+    msghdr message{};
+    message.msg_iov = parts;
+    message.msg_iovlen = static_cast<size_t>(count);
+    ssize_t n = sendmsg(fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n >= 0) {
+      *sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Io::kWouldBlock;
+    *err = errno;
+    return Io::kError;
+  }
+  return Io::kDone;
+}
+
+size_t roundUp(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+}  // namespace
+
+// ---- StreamSet -----------------------------------------------------------------------------
+
+StreamSet::StreamSet(std::shared_ptr<ProgressEngine> engine, std::vector<int> fds, std::string peer)
+    : engine_(std::move(engine)), fds_(std::move(fds)), peer_(std::move(peer)) {
+  for (size_t i = 0; i < fds_.size(); ++i) {
+    auto registration = std::make_unique<StreamRegistration>();
+    registration->owner = this;
+    registration->stream = static_cast<int>(i);
+    registration->fd = fds_[i];
+    registrations_.push_back(std::move(registration));
+  }
+}
+
+StreamSet::~StreamSet() { stopStreams(); }
+
+Result StreamSet::start() {
+  for (auto& registration : registrations_) UF_CHECK(engine_->add(registration.get()));
+  started_ = true;
+  return unifabSuccess;
+}
+
+void StreamSet::stopStreams() {
+  for (auto& registration : registrations_) engine_->remove(registration.get());
+  for (int& fd : fds_) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+}
+
+void StreamSet::fail(Result code, const std::string& message) {
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  if (failure_.load(std::memory_order_relaxed) != unifabSuccess) return;
+  failureMessage_ = message;
+  failure_.store(code, std::memory_order_release);
+}
+
+Result StreamSet::failureResult(const char* operation) {
+  std::string message;
+  {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    message = failureMessage_;
+  }
+  return UF_ERROR(static_cast<Result>(failure_.load(std::memory_order_acquire)), kNet,
+                  "%s on the connection with %s: %s", operation, peer_.c_str(), message.c_str());
+}
+
+Result registerHostMemory(void* data, size_t size, int type, MemoryRegion** region) {
+  if (type != kMemoryHost) {
+    return UF_ERROR(unifabInvalidArgument, kNet,
+                    "regMr type=%d: the socket transport moves host memory only (NCCL_PTR_HOST=1); "
+                    "device buffers are staged by NCCL", type);
+  }
+  if (data == nullptr && size > 0) {
+    return UF_ERROR(unifabInvalidArgument, kNet, "regMr data=NULL with size=%zu", size);
+  }
+  *region = new MemoryRegion{data, size, type};
+  return unifabSuccess;
+}
+
+// ---- send side -----------------------------------------------------------------------------
+
+SocketSendComm::SocketSendComm(std::shared_ptr<ProgressEngine> engine, std::vector<int> fds, std::string peer,
+                               const ConnectionOptions& options)
+    : StreamSet(std::move(engine), std::move(fds), std::move(peer)),
+      options_(options),
+      // NCCL may have kMaxRequestsPerComm receives of up to maxRecvs buffers in flight.
+      requests_(static_cast<size_t>(kMaxRequestsPerComm * options.maxRecvs)),
+      streams_(static_cast<size_t>(streamCount())) {
+  for (auto& request : requests_) {
+    request.comm = this;
+    freeRequests_.push_back(&request);
+  }
+}
+
+SocketSendComm::~SocketSendComm() { stopStreams(); }
+
+Result SocketSendComm::registerMemory(void* data, size_t size, int type, MemoryRegion** region) {
+  return registerHostMemory(data, size, type, region);
+}
+
+Result SocketSendComm::deregisterMemory(MemoryRegion* region) {
+  delete region;
+  return unifabSuccess;
+}
+
+Result SocketSendComm::isend(const void* data, size_t size, int tag, MemoryRegion* region, Request** request) {
+  *request = nullptr;
+  if (failed()) return failureResult("isend");
+  if (data == nullptr && size > 0) return UF_ERROR(unifabInvalidArgument, kNet, "isend data=NULL with size=%zu", size);
+  if (size > static_cast<size_t>(INT_MAX)) {
+    return UF_ERROR(unifabInvalidArgument, kNet, "isend size=%zu exceeds the transfer limit %d", size, INT_MAX);
+  }
+  if (region != nullptr && size > 0 &&
+      (static_cast<const char*>(data) < static_cast<const char*>(region->base) ||
+       static_cast<const char*>(data) + size > static_cast<const char*>(region->base) + region->size)) {
+    return UF_ERROR(unifabInvalidArgument, kNet, "isend range [%p, +%zu) lies outside its registration [%p, +%zu)",
+                    data, size, region->base, region->size);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (freeRequests_.empty()) return unifabSuccess;  // back-pressure: NCCL retries later
+  SendRequest* sendRequest = freeRequests_.back();
+  freeRequests_.pop_back();
+  sendRequest->data = static_cast<const char*>(data);
+  sendRequest->size = size;
+  sendRequest->tag = tag;
+  sendRequest->error.clear();
+  sendRequest->chunksLeft.store(0, std::memory_order_relaxed);
+  sendRequest->state.store(SendRequest::kWaiting, std::memory_order_release);
+  waiting_.push_back(sendRequest);
+  matchLocked();
+  *request = sendRequest;
+  return unifabSuccess;
+}
+
+int SocketSendComm::findSlot(const Announced& announced, int tag) {
+  const ClearToSend& receive = announced.receive;
+  if (receive.count == 1) return (announced.filled & 1u) ? -1 : 0;  // tags only matter when grouped
+  bool tagPosted = false;
+  for (uint32_t slot = 0; slot < receive.count; ++slot) {
+    if (receive.slots[slot].tag != tag) continue;
+    tagPosted = true;
+    if ((announced.filled & (1u << slot)) == 0) return static_cast<int>(slot);
+  }
+  return tagPosted ? -1 : -2;
+}
+
+void SocketSendComm::matchLocked() {
+  while (!waiting_.empty() && !announced_.empty()) {
+    Announced& head = announced_.front();
+    uint32_t full = (1u << head.receive.count) - 1;
+    for (auto it = waiting_.begin(); it != waiting_.end() && head.filled != full;) {
+      SendRequest* request = *it;
+      int slot = findSlot(head, request->tag);
+      if (slot == -1) {
+        ++it;
+        continue;
+      }
+      it = waiting_.erase(it);
+      if (slot == -2) {
+        request->error = "send tag " + std::to_string(request->tag) + " matches none of the " +
+                         std::to_string(head.receive.count) + " buffers of the peer's grouped receive";
+        request->state.store(SendRequest::kFailed, std::memory_order_release);
+        continue;
+      }
+      head.filled |= 1u << slot;
+      startMessageLocked(request, head.receive, static_cast<uint32_t>(slot));
+    }
+    if (head.filled != full) return;  // the rest wait for this receive's remaining buffers
+    announced_.pop_front();
+  }
+}
+
+void SocketSendComm::startMessageLocked(SendRequest* request, const ClearToSend& receive, uint32_t slot) {
+  ChunkHeader header{};
+  header.sequence = receive.sequence;
+  header.slot = slot;
+  header.messageBytes = request->size;
+  uint64_t capacity = receive.slots[slot].capacity;
+  if (request->size > capacity) {
+    // Tell the receiver (its request fails too), then fail locally without further references.
+    header.flags = kChunkTruncated;
+    queueTaskLocked(static_cast<int>(rotor_++ % streams_.size()), Task{nullptr, header, nullptr, 0});
+    request->error = "message of " + std::to_string(request->size) + " bytes exceeds the peer's posted buffer of " +
+                     std::to_string(capacity) + " bytes";
+    request->state.store(SendRequest::kFailed, std::memory_order_release);
+    return;
+  }
+  size_t streamCountNow = streams_.size();
+  // Each stream gets at most one chunk of a message, and no chunk is smaller than chunkBytes.
+  size_t chunk = std::max(options_.chunkBytes, roundUp((request->size + streamCountNow - 1) / streamCountNow, 4096));
+  size_t chunks = request->size == 0 ? 1 : (request->size + chunk - 1) / chunk;
+  request->chunksLeft.store(static_cast<uint32_t>(chunks), std::memory_order_relaxed);
+  request->state.store(SendRequest::kSending, std::memory_order_release);
+  for (size_t i = 0; i < chunks; ++i) {
+    header.offset = i * chunk;
+    header.length = std::min<uint64_t>(chunk, request->size - header.offset);
+    if (request->size == 0) header.length = 0;
+    int stream = static_cast<int>((rotor_ + i) % streamCountNow);
+    queueTaskLocked(stream, Task{request, header, request->data + header.offset, 0});
+  }
+  rotor_ += static_cast<unsigned>(chunks);
+}
+
+void SocketSendComm::queueTaskLocked(int stream, const Task& task) {
+  Stream& target = streams_[stream];
+  target.queue.push_back(task);
+  if (!target.writeArmed) {
+    target.writeArmed = true;
+    armWrite(stream, true);
+  }
+}
+
+void SocketSendComm::onWritable(int stream) {
+  Stream& state = streams_[stream];
+  for (;;) {
+    if (!state.busy) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (state.queue.empty()) {
+        state.writeArmed = false;
+        armWrite(stream, false);
+        return;
+      }
+      state.current = state.queue.front();
+      state.queue.pop_front();
+      state.busy = true;
+    }
+    Task& task = state.current;
+    int err = 0;
+    Io io = writeSome(fd(stream), &task.header, sizeof(task.header), task.payload, task.header.length, &task.sent, &err);
+    if (io == Io::kWouldBlock) return;
+    if (io == Io::kError) {
+      fail(err == EPIPE || err == ECONNRESET ? unifabRemoteError : unifabSystemError,
+           std::string("send on stream ") + std::to_string(stream) + " failed: " + strerror(err));
+      detach(stream);
+      return;
+    }
+    state.busy = false;
+    if (task.request != nullptr &&
+        task.request->chunksLeft.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      task.request->state.store(SendRequest::kDone, std::memory_order_release);
+    }
+  }
+}
+
+void SocketSendComm::onReadable(int stream) {
+  if (stream != 0) {
+    // Only stream 0 carries anything towards the sender; other streams report EOF or errors.
+    char probe;
+    ssize_t n = recv(fd(stream), &probe, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    fail(unifabRemoteError, n == 0 ? "the receiver closed the connection"
+                                   : n > 0 ? "unexpected data from the receiver" : strerror(errno));
+    detach(stream);
+    return;
+  }
+  for (;;) {
+    size_t got = 0;
+    int err = 0;
+    Io io = readSome(fd(0), reinterpret_cast<char*>(&incoming_) + incomingBytes_, sizeof(incoming_) - incomingBytes_,
+                     &got, &err);
+    incomingBytes_ += got;
+    if (io == Io::kEof || io == Io::kError) {
+      fail(unifabRemoteError, io == Io::kEof ? std::string("the receiver closed the connection")
+                                             : std::string("receive on stream 0 failed: ") + strerror(err));
+      detach(0);
+      return;
+    }
+    if (incomingBytes_ < sizeof(incoming_)) return;  // kWouldBlock with a partial message
+    incomingBytes_ = 0;
+    if (incoming_.count < 1 || incoming_.count > static_cast<uint32_t>(options_.maxRecvs) ||
+        incoming_.sequence != expectedSequence_) {
+      fail(unifabRemoteError, "protocol error: announcement #" + std::to_string(incoming_.sequence) + " with " +
+                                  std::to_string(incoming_.count) + " buffers, expected #" +
+                                  std::to_string(expectedSequence_));
+      detach(0);
+      return;
+    }
+    ++expectedSequence_;
+    std::lock_guard<std::mutex> lock(mutex_);
+    announced_.push_back(Announced{incoming_, 0});
+    matchLocked();
+  }
+}
+
+void SocketSendComm::releaseRequest(SendRequest* request) {
+  request->state.store(SendRequest::kFree, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mutex_);
+  freeRequests_.push_back(request);
+}
+
+Result SendRequest::test(bool* done, int* sizes) {
+  *done = false;
+  int current = state.load(std::memory_order_acquire);
+  if (current == kDone) {
+    *done = true;
+    if (sizes != nullptr) sizes[0] = static_cast<int>(size);
+    comm->releaseRequest(this);
+    return unifabSuccess;
+  }
+  if (current == kFailed) {
+    // Kept out of the pool: NCCL aborts the communicator after an error.
+    return UF_ERROR(unifabInvalidUsage, kNet, "isend to %s failed: %s", comm->peer().c_str(), error.c_str());
+  }
+  if (current == kFree) return UF_ERROR(unifabInternalError, kNet, "test on a completed send request");
+  if (comm->failed()) return comm->failureResult("isend");
+  return unifabSuccess;
+}
+
+// ---- receive side --------------------------------------------------------------------------
+
+SocketRecvComm::SocketRecvComm(std::shared_ptr<ProgressEngine> engine, std::vector<int> fds, std::string peer,
+                               const ConnectionOptions& options)
+    : StreamSet(std::move(engine), std::move(fds), std::move(peer)),
+      options_(options),
+      requests_(kMaxRequestsPerComm),
+      streams_(static_cast<size_t>(streamCount())) {
+  for (auto& request : requests_) request.comm = this;
+}
+
+SocketRecvComm::~SocketRecvComm() { stopStreams(); }
+
+Result SocketRecvComm::registerMemory(void* data, size_t size, int type, MemoryRegion** region) {
+  return registerHostMemory(data, size, type, region);
+}
+
+Result SocketRecvComm::deregisterMemory(MemoryRegion* region) {
+  delete region;
+  return unifabSuccess;
+}
+
+Result SocketRecvComm::irecv(int n, void* const* data, const size_t* sizes, const int* tags,
+                             MemoryRegion* const* regions, Request** request) {
+  *request = nullptr;
+  if (failed()) return failureResult("irecv");
+  if (n < 1 || n > options_.maxRecvs) {
+    return UF_ERROR(unifabInvalidArgument, kNet, "irecv n=%d is outside 1..maxRecvs=%d", n, options_.maxRecvs);
+  }
+  for (int i = 0; i < n; ++i) {
+    if (data[i] == nullptr && sizes[i] > 0) {
+      return UF_ERROR(unifabInvalidArgument, kNet, "irecv data[%d]=NULL with sizes[%d]=%zu", i, i, sizes[i]);
+    }
+  }
+  uint64_t sequence = nextSequence_;
+  RecvRequest& slot = requests_[sequence % kMaxRequestsPerComm];
+  if (slot.state.load(std::memory_order_acquire) != RecvRequest::kFree) return unifabSuccess;  // back-pressure
+
+  ClearToSend announcement{};
+  announcement.sequence = sequence;
+  announcement.count = static_cast<uint32_t>(n);
+  slot.count = n;
+  slot.error.clear();
+  slot.slotsDone.store(0, std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    slot.buffers[i] = static_cast<char*>(data[i]);
+    slot.capacity[i] = sizes[i];
+    slot.received[i].store(0, std::memory_order_relaxed);
+    slot.messageBytes[i].store(0, std::memory_order_relaxed);
+    announcement.slots[i].tag = tags[i];
+    announcement.slots[i].capacity = sizes[i];
+  }
+  slot.state.store(RecvRequest::kPosted, std::memory_order_relaxed);
+  // Progress threads accept chunks for this slot only once they see its sequence.
+  slot.sequence.store(sequence, std::memory_order_release);
+  ++nextSequence_;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    announcements_.push_back(announcement);
+    if (!writeArmed_) {
+      writeArmed_ = true;
+      armWrite(0, true);
+    }
+  }
+  *request = &slot;
+  return unifabSuccess;
+}
+
+Result SocketRecvComm::iflush(int n, void* const* data, const int* sizes, MemoryRegion* const* regions,
+                              Request** request) {
+  // Data lands in host memory through recv(); it is visible once the request completed.
+  *request = nullptr;
+  if (n < 1 || n > options_.maxRecvs) {
+    return UF_ERROR(unifabInvalidArgument, kNet, "iflush n=%d is outside 1..maxRecvs=%d", n, options_.maxRecvs);
+  }
+  return unifabSuccess;
+}
+
+void SocketRecvComm::onWritable(int stream) {
+  for (;;) {
+    if (!announcing_) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (announcements_.empty()) {
+        writeArmed_ = false;
+        armWrite(stream, false);
+        return;
+      }
+      current_ = announcements_.front();
+      announcements_.pop_front();
+      announcing_ = true;
+      currentSent_ = 0;
+    }
+    int err = 0;
+    Io io = writeSome(fd(stream), &current_, sizeof(current_), nullptr, 0, &currentSent_, &err);
+    if (io == Io::kWouldBlock) return;
+    if (io == Io::kError) {
+      fail(err == EPIPE || err == ECONNRESET ? unifabRemoteError : unifabSystemError,
+           std::string("announcing a receive failed: ") + strerror(err));
+      detach(stream);
+      return;
+    }
+    announcing_ = false;
+  }
+}
+
+bool SocketRecvComm::beginChunk(Stream& stream) {
+  const ChunkHeader& header = stream.header;
+  RecvRequest& request = requests_[header.sequence % kMaxRequestsPerComm];
+  bool known = request.sequence.load(std::memory_order_acquire) == header.sequence &&
+               request.state.load(std::memory_order_relaxed) == RecvRequest::kPosted;
+  if (!known || header.slot >= static_cast<uint32_t>(request.count)) {
+    fail(unifabRemoteError, "protocol error: chunk for receive #" + std::to_string(header.sequence) + " buffer " +
+                                std::to_string(header.slot) + ", which is not posted");
+    return false;
+  }
+  if (header.flags & kChunkTruncated) {
+    request.error = "the peer's message of " + std::to_string(header.messageBytes) +
+                    " bytes is larger than buffer " + std::to_string(header.slot) + " (" +
+                    std::to_string(request.capacity[header.slot]) + " bytes)";
+    request.state.store(RecvRequest::kFailed, std::memory_order_release);
+    return true;
+  }
+  if (header.offset + header.length > request.capacity[header.slot] || header.messageBytes > request.capacity[header.slot]) {
+    fail(unifabRemoteError, "protocol error: chunk [" + std::to_string(header.offset) + ", +" +
+                                std::to_string(header.length) + ") overruns a buffer of " +
+                                std::to_string(request.capacity[header.slot]) + " bytes");
+    return false;
+  }
+  request.messageBytes[header.slot].store(header.messageBytes, std::memory_order_relaxed);
+  if (header.length == 0) {
+    finishChunk(&request, header.slot, 0);
+    return true;
+  }
+  stream.inPayload = true;
+  stream.target = &request;
+  stream.destination = request.buffers[header.slot] + header.offset;
+  stream.remaining = header.length;
+  return true;
+}
+
+void SocketRecvComm::finishChunk(RecvRequest* request, uint32_t slot, uint64_t length) {
+  uint64_t total = request->received[slot].fetch_add(length, std::memory_order_acq_rel) + length;
+  if (total != request->messageBytes[slot].load(std::memory_order_relaxed)) return;
+  if (request->slotsDone.fetch_add(1, std::memory_order_acq_rel) + 1 == request->count) {
+    request->state.store(RecvRequest::kDone, std::memory_order_release);
+  }
+}
+
+void SocketRecvComm::onReadable(int index) {
+  Stream& stream = streams_[index];
+  if (stream.eof) return;
+  for (;;) {
+    size_t got = 0;
+    int err = 0;
+    Io io;
+    if (!stream.inPayload) {
+      io = readSome(fd(index), reinterpret_cast<char*>(&stream.header) + stream.headerBytes,
+                    sizeof(ChunkHeader) - stream.headerBytes, &got, &err);
+      stream.headerBytes += got;
+      if (stream.headerBytes == sizeof(ChunkHeader)) {
+        stream.headerBytes = 0;
+        if (!beginChunk(stream)) {
+          detach(index);
+          return;
+        }
+        continue;
+      }
+    } else {
+      io = readSome(fd(index), stream.destination, stream.remaining, &got, &err);
+      stream.destination += got;
+      stream.remaining -= got;
+      if (stream.remaining == 0) {
+        stream.inPayload = false;
+        finishChunk(stream.target, stream.header.slot, stream.header.length);
+        continue;
+      }
+    }
+    if (io == Io::kWouldBlock) return;
+    if (io == Io::kEof) {
+      onEndOfStream(index);
+      return;
+    }
+    if (io == Io::kError) {
+      fail(err == ECONNRESET ? unifabRemoteError : unifabSystemError,
+           std::string("receive on stream ") + std::to_string(index) + " failed: " + strerror(err));
+      detach(index);
+      return;
+    }
+  }
+}
+
+void SocketRecvComm::onEndOfStream(int index) {
+  Stream& stream = streams_[index];
+  stream.eof = true;
+  detach(index);
+  if (stream.inPayload || stream.headerBytes != 0) {
+    fail(unifabRemoteError, "the sender closed the connection in the middle of a message");
+    return;
+  }
+  // Data may still be queued on other streams: only when every stream ended can no posted
+  // receive complete any more.
+  if (streamsAtEof_.fetch_add(1, std::memory_order_acq_rel) + 1 == streamCount()) {
+    fail(unifabRemoteError, "the sender closed the connection");
+  }
+}
+
+Result RecvRequest::test(bool* done, int* sizes) {
+  *done = false;
+  int current = state.load(std::memory_order_acquire);
+  if (current == kDone) {
+    *done = true;
+    if (sizes != nullptr) {
+      for (int i = 0; i < count; ++i) sizes[i] = static_cast<int>(messageBytes[i].load(std::memory_order_relaxed));
+    }
+    sequence.store(~0ULL, std::memory_order_relaxed);
+    state.store(kFree, std::memory_order_release);
+    return unifabSuccess;
+  }
+  if (current == kFailed) {
+    return UF_ERROR(unifabInvalidUsage, kNet, "irecv from %s failed: %s", comm->peer().c_str(), error.c_str());
+  }
+  if (current == kFree) return UF_ERROR(unifabInternalError, kNet, "test on a completed receive request");
+  if (comm->failed()) return comm->failureResult("irecv");
+  return unifabSuccess;
+}
+
+}  // namespace unifab::net::socket

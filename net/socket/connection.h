@@ -1,0 +1,198 @@
+// Send and receive sides of one socket-transport connection (see wire.h for the protocol).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "net/socket/progress.h"
+#include "net/socket/wire.h"
+#include "net/transport.h"
+
+namespace unifab::net::socket {
+
+struct ConnectionOptions {
+  int maxRecvs = kMaxGroupedRecvs;  // grouped receive limit announced to NCCL
+  size_t chunkBytes = 128 * 1024;   // smallest striping unit
+};
+
+// What both sides share: the streams, their registration with the progress engine, and the
+// connection's failure state. A failure is sticky: every pending and later request reports it.
+class StreamSet : public StreamOwner {
+ public:
+  StreamSet(std::shared_ptr<ProgressEngine> engine, std::vector<int> fds, std::string peer);
+  virtual ~StreamSet();
+  StreamSet(const StreamSet&) = delete;
+  StreamSet& operator=(const StreamSet&) = delete;
+
+  Result start();  // registers every stream with the progress engine
+  int streamCount() const { return static_cast<int>(fds_.size()); }
+  const std::string& peer() const { return peer_; }
+
+ protected:
+  // Records the first failure of the connection (later ones are dropped).
+  void fail(Result code, const std::string& message);
+  bool failed() const { return failure_.load(std::memory_order_acquire) != unifabSuccess; }
+  // Reports the connection's failure as a fresh error of the caller's operation.
+  Result failureResult(const char* operation);
+  // Closes the streams: waits until no progress thread uses them, then closes the fds.
+  void stopStreams();
+  void armWrite(int stream, bool enabled) { engine_->setWriteInterest(registrations_[stream].get(), enabled); }
+  void detach(int stream) { engine_->detach(registrations_[stream].get()); }
+  int fd(int stream) const { return fds_[stream]; }
+
+ private:
+  std::shared_ptr<ProgressEngine> engine_;
+  std::vector<int> fds_;
+  std::vector<std::unique_ptr<StreamRegistration>> registrations_;
+  std::string peer_;
+  std::atomic<int> failure_{unifabSuccess};
+  std::mutex failureMutex_;
+  std::string failureMessage_;
+  bool started_ = false;
+};
+
+// Pool-allocated memory registration shared by both sides: the socket transport needs nothing
+// but a record of the range.
+Result registerHostMemory(void* data, size_t size, int type, MemoryRegion** region);
+
+class SocketSendComm;
+
+struct SendRequest final : Request {
+  enum State : int { kFree, kWaiting, kSending, kDone, kFailed };
+  SocketSendComm* comm = nullptr;
+  const char* data = nullptr;
+  size_t size = 0;
+  int tag = 0;
+  std::atomic<int> state{kFree};
+  std::atomic<uint32_t> chunksLeft{0};
+  std::string error;  // for kFailed, written before the state is published
+  Result test(bool* done, int* sizes) override;
+};
+
+class SocketSendComm final : public SendComm, public StreamSet {
+ public:
+  SocketSendComm(std::shared_ptr<ProgressEngine> engine, std::vector<int> fds, std::string peer,
+                 const ConnectionOptions& options);
+  ~SocketSendComm() override;
+
+  Result registerMemory(void* data, size_t size, int type, MemoryRegion** region) override;
+  Result deregisterMemory(MemoryRegion* region) override;
+  Result isend(const void* data, size_t size, int tag, MemoryRegion* region, Request** request) override;
+
+  void onReadable(int stream) override;
+  void onWritable(int stream) override;
+
+ private:
+  friend struct SendRequest;
+  struct Task {
+    SendRequest* request;  // null for a truncation notice
+    ChunkHeader header;
+    const char* payload;
+    size_t sent;  // bytes of header + payload written so far
+  };
+  struct Stream {
+    std::deque<Task> queue;  // guarded by mutex_
+    bool writeArmed = false; // guarded by mutex_
+    // Progress-thread state:
+    bool busy = false;
+    Task current{};
+  };
+  struct Announced {
+    ClearToSend receive;
+    uint32_t filled;  // bit per slot already matched to a send
+  };
+
+  void matchLocked();
+  // Slot of `announced` the request fills, or -1 to wait for a later receive, or -2 if the
+  // grouped receive has no buffer with this tag at all (a usage error).
+  static int findSlot(const Announced& announced, int tag);
+  void startMessageLocked(SendRequest* request, const ClearToSend& receive, uint32_t slot);
+  void queueTaskLocked(int stream, const Task& task);
+  void releaseRequest(SendRequest* request);
+
+  ConnectionOptions options_;
+  std::mutex mutex_;
+  std::vector<SendRequest> requests_;
+  std::vector<SendRequest*> freeRequests_;
+  std::deque<SendRequest*> waiting_;   // posted, not yet matched to a receive
+  std::deque<Announced> announced_;    // receives the peer announced, oldest first
+  std::vector<Stream> streams_;
+  unsigned rotor_ = 0;
+  // Stream-0 thread state for reading ClearToSend messages.
+  ClearToSend incoming_{};
+  size_t incomingBytes_ = 0;
+  uint64_t expectedSequence_ = 0;
+};
+
+class SocketRecvComm;
+
+struct RecvRequest final : Request {
+  enum State : int { kFree, kPosted, kDone, kFailed };
+  SocketRecvComm* comm = nullptr;
+  int count = 0;
+  char* buffers[kMaxGroupedRecvs] = {};
+  uint64_t capacity[kMaxGroupedRecvs] = {};
+  std::atomic<uint64_t> sequence{~0ULL};
+  std::atomic<uint64_t> messageBytes[kMaxGroupedRecvs] = {};
+  std::atomic<uint64_t> received[kMaxGroupedRecvs] = {};
+  std::atomic<int> slotsDone{0};
+  std::atomic<int> state{kFree};
+  std::string error;  // for kFailed
+  Result test(bool* done, int* sizes) override;
+};
+
+class SocketRecvComm final : public RecvComm, public StreamSet {
+ public:
+  SocketRecvComm(std::shared_ptr<ProgressEngine> engine, std::vector<int> fds, std::string peer,
+                 const ConnectionOptions& options);
+  ~SocketRecvComm() override;
+
+  Result registerMemory(void* data, size_t size, int type, MemoryRegion** region) override;
+  Result deregisterMemory(MemoryRegion* region) override;
+  Result irecv(int n, void* const* data, const size_t* sizes, const int* tags, MemoryRegion* const* regions,
+               Request** request) override;
+  Result iflush(int n, void* const* data, const int* sizes, MemoryRegion* const* regions, Request** request) override;
+
+  void onReadable(int stream) override;
+  void onWritable(int stream) override;
+
+ private:
+  friend struct RecvRequest;
+  struct Stream {
+    // Progress-thread state of the chunk being read.
+    ChunkHeader header{};
+    size_t headerBytes = 0;
+    RecvRequest* target = nullptr;
+    char* destination = nullptr;
+    uint64_t remaining = 0;
+    bool inPayload = false;
+    bool eof = false;
+  };
+
+  // Validates a complete chunk header; false (with the connection failed) on a protocol error.
+  bool beginChunk(Stream& stream);
+  void finishChunk(RecvRequest* request, uint32_t slot, uint64_t length);
+  void onEndOfStream(int stream);
+
+  ConnectionOptions options_;
+  std::vector<RecvRequest> requests_;  // ring indexed by sequence % kMaxRequestsPerComm
+  uint64_t nextSequence_ = 0;          // proxy thread only
+  std::vector<Stream> streams_;
+  std::atomic<int> streamsAtEof_{0};
+  // ClearToSend messages waiting for stream 0, guarded by mutex_.
+  std::mutex mutex_;
+  std::deque<ClearToSend> announcements_;
+  bool writeArmed_ = false;
+  // Stream-0 thread state of the announcement being written.
+  bool announcing_ = false;
+  ClearToSend current_{};
+  size_t currentSent_ = 0;
+};
+
+}  // namespace unifab::net::socket

@@ -1,0 +1,187 @@
+#include "net/socket/progress.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace unifab::net::socket {
+namespace {
+
+constexpr int kMaxEventsPerWait = 64;
+
+// epoll data of a worker's own wake-up eventfd; registrations are never at this address.
+char g_wakeMarker;
+
+std::mutex g_engineMutex;
+std::weak_ptr<ProgressEngine> g_engine;
+
+}  // namespace
+
+Result ProgressEngine::acquire(int nThreads, std::shared_ptr<ProgressEngine>* engine) {
+  std::lock_guard<std::mutex> lock(g_engineMutex);
+  std::shared_ptr<ProgressEngine> existing = g_engine.lock();
+  if (existing) {
+    *engine = std::move(existing);
+    return unifabSuccess;
+  }
+  std::shared_ptr<ProgressEngine> created(new ProgressEngine());
+  UF_CHECK(created->start(nThreads));
+  g_engine = created;
+  *engine = std::move(created);
+  return unifabSuccess;
+}
+
+Result ProgressEngine::start(int nThreads) {
+  for (int i = 0; i < nThreads; ++i) {
+    auto worker = std::make_unique<Worker>();
+    worker->epollFd = epoll_create1(EPOLL_CLOEXEC);
+    UF_SYSCHECK(worker->epollFd, kNet, "epoll_create1");
+    worker->wakeFd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (worker->wakeFd == -1) {
+      int err = errno;
+      close(worker->epollFd);
+      return UF_ERROR(unifabSystemError, kNet, "eventfd failed: %s", strerror(err));
+    }
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.ptr = &g_wakeMarker;
+    if (epoll_ctl(worker->epollFd, EPOLL_CTL_ADD, worker->wakeFd, &event) == -1) {
+      int err = errno;
+      close(worker->wakeFd);
+      close(worker->epollFd);
+      return UF_ERROR(unifabSystemError, kNet, "epoll_ctl(wake fd) failed: %s", strerror(err));
+    }
+    workers_.push_back(std::move(worker));
+  }
+  for (auto& worker : workers_) {
+    Worker* raw = worker.get();
+    worker->thread = std::thread([this, raw] { run(raw); });
+  }
+  UF_INFO(kNet, kLogInit, "socket progress engine started with %d thread(s)", nThreads);
+  return unifabSuccess;
+}
+
+ProgressEngine::~ProgressEngine() {
+  stopping_.store(true, std::memory_order_release);
+  for (auto& worker : workers_) {
+    uint64_t one = 1;
+    if (write(worker->wakeFd, &one, sizeof(one)) < 0) {
+      // The counter cannot overflow here; a failed wake only delays the join by nothing since the
+      // loop also re-checks `stopping_` after every wait.
+    }
+  }
+  for (auto& worker : workers_) {
+    if (worker->thread.joinable()) worker->thread.join();
+    close(worker->wakeFd);
+    close(worker->epollFd);
+  }
+}
+
+Result ProgressEngine::add(StreamRegistration* registration) {
+  unsigned index = nextWorker_.fetch_add(1, std::memory_order_relaxed) % workers_.size();
+  registration->worker = static_cast<int>(index);
+  epoll_event event{};
+  event.events = EPOLLIN | EPOLLRDHUP;
+  event.data.ptr = registration;
+  if (epoll_ctl(workers_[index]->epollFd, EPOLL_CTL_ADD, registration->fd, &event) == -1) {
+    int err = errno;
+    return UF_ERROR(unifabSystemError, kNet, "epoll_ctl(ADD fd %d) failed: %s", registration->fd, strerror(err));
+  }
+  return unifabSuccess;
+}
+
+void ProgressEngine::updateInterest(StreamRegistration* registration) {
+  if (registration->detached) return;
+  epoll_event event{};
+  event.events = EPOLLIN | EPOLLRDHUP | (registration->wantWrite ? static_cast<uint32_t>(EPOLLOUT) : 0u);
+  event.data.ptr = registration;
+  // ENOENT is possible only while the stream is being removed at close; nothing to do then.
+  epoll_ctl(workers_[registration->worker]->epollFd, EPOLL_CTL_MOD, registration->fd, &event);
+}
+
+void ProgressEngine::setWriteInterest(StreamRegistration* registration, bool enabled) {
+  std::lock_guard<std::mutex> lock(registration->mutex);
+  if (registration->wantWrite == enabled) return;
+  registration->wantWrite = enabled;
+  updateInterest(registration);
+}
+
+void ProgressEngine::detach(StreamRegistration* registration) {
+  std::lock_guard<std::mutex> lock(registration->mutex);
+  if (registration->detached) return;
+  registration->detached = true;
+  epoll_ctl(workers_[registration->worker]->epollFd, EPOLL_CTL_DEL, registration->fd, nullptr);
+}
+
+void ProgressEngine::remove(StreamRegistration* registration) {
+  if (registration->worker < 0) return;
+  Worker* worker = workers_[registration->worker].get();
+  std::future<void> done;
+  {
+    std::lock_guard<std::mutex> lock(worker->mutex);
+    worker->removals.push_back(Removal{registration, std::promise<void>()});
+    done = worker->removals.back().done.get_future();
+  }
+  uint64_t one = 1;
+  if (write(worker->wakeFd, &one, sizeof(one)) < 0) {
+    // eventfd writes only fail on counter overflow, which 2^64 wake-ups cannot reach.
+  }
+  done.wait();
+  registration->worker = -1;
+}
+
+void ProgressEngine::run(Worker* worker) {
+  epoll_event events[kMaxEventsPerWait];
+  std::vector<Removal> removals;
+  while (!stopping_.load(std::memory_order_acquire)) {
+    int count = epoll_wait(worker->epollFd, events, kMaxEventsPerWait, -1);
+    if (count < 0) {
+      if (errno == EINTR) continue;
+      UF_WARN(kNet, "epoll_wait failed: %s; socket progress thread stops", strerror(errno));
+      return;
+    }
+    // Removals first: events of this batch for a removed stream must be skipped, and the remover
+    // is released only after the batch, so its memory stays valid until then.
+    {
+      std::lock_guard<std::mutex> lock(worker->mutex);
+      removals.swap(worker->removals);
+    }
+    for (Removal& removal : removals) {
+      StreamRegistration* registration = removal.registration;
+      std::lock_guard<std::mutex> lock(registration->mutex);
+      if (!registration->detached) {
+        epoll_ctl(worker->epollFd, EPOLL_CTL_DEL, registration->fd, nullptr);
+        registration->detached = true;
+      }
+    }
+    auto removed = [&removals](const void* ptr) {
+      return std::any_of(removals.begin(), removals.end(),
+                         [ptr](const Removal& r) { return r.registration == ptr; });
+    };
+    for (int i = 0; i < count; ++i) {
+      void* ptr = events[i].data.ptr;
+      if (ptr == &g_wakeMarker) {
+        uint64_t drained;
+        while (read(worker->wakeFd, &drained, sizeof(drained)) > 0) {
+        }
+        continue;
+      }
+      if (!removals.empty() && removed(ptr)) continue;
+      auto* registration = static_cast<StreamRegistration*>(ptr);
+      uint32_t mask = events[i].events;
+      if (mask & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+        registration->owner->onReadable(registration->stream);
+      }
+      if ((mask & EPOLLOUT) && !registration->detached) {
+        registration->owner->onWritable(registration->stream);
+      }
+    }
+    for (Removal& removal : removals) removal.done.set_value();
+    removals.clear();
+  }
+}
+
+}  // namespace unifab::net::socket

@@ -1,0 +1,83 @@
+// The socket transport's progress engine: a few threads, each running an epoll loop over the
+// streams assigned to it, shared by every connection of the process. NCCL's proxy thread only
+// queues work and polls request states; all socket I/O happens here.
+#pragma once
+
+#include <atomic>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "plugin/check.h"
+
+namespace unifab::net::socket {
+
+// Implemented by a connection; called on the stream's progress thread only.
+class StreamOwner {
+ public:
+  virtual void onReadable(int stream) = 0;  // also called on EOF, hang-up and socket errors
+  virtual void onWritable(int stream) = 0;
+
+ protected:
+  ~StreamOwner() = default;
+};
+
+// One registered socket. The connection owns it and must call ProgressEngine::remove before
+// freeing it or closing the fd.
+struct StreamRegistration {
+  StreamOwner* owner = nullptr;
+  int stream = 0;
+  int fd = -1;
+  int worker = -1;
+  std::mutex mutex;  // guards the interest flags and their epoll_ctl calls
+  bool wantWrite = false;
+  bool detached = false;
+};
+
+class ProgressEngine {
+ public:
+  // The process-wide engine, started with `nThreads` threads by its first user.
+  static Result acquire(int nThreads, std::shared_ptr<ProgressEngine>* engine);
+
+  ~ProgressEngine();
+  ProgressEngine(const ProgressEngine&) = delete;
+  ProgressEngine& operator=(const ProgressEngine&) = delete;
+
+  // Assigns the stream to a thread and starts watching it for input.
+  Result add(StreamRegistration* registration);
+  // Returns once no progress thread can touch `registration` any more. Not from a progress thread.
+  void remove(StreamRegistration* registration);
+  // Turns output readiness notifications on or off; callable from any thread.
+  void setWriteInterest(StreamRegistration* registration, bool enabled);
+  // Stops all notifications for a stream that hit EOF or an error (its own progress thread only),
+  // so that a dead socket does not wake the loop forever.
+  void detach(StreamRegistration* registration);
+
+  int threadCount() const { return static_cast<int>(workers_.size()); }
+
+ private:
+  struct Removal {
+    StreamRegistration* registration;
+    std::promise<void> done;
+  };
+  struct Worker {
+    int epollFd = -1;
+    int wakeFd = -1;
+    std::thread thread;
+    std::mutex mutex;  // guards removals
+    std::vector<Removal> removals;
+  };
+
+  ProgressEngine() = default;
+  Result start(int nThreads);
+  void run(Worker* worker);
+  void updateInterest(StreamRegistration* registration);
+
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<unsigned> nextWorker_{0};
+};
+
+}  // namespace unifab::net::socket

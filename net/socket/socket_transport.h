@@ -1,0 +1,44 @@
+// The TCP socket transport: runs on any host, uses several streams per connection and a shared
+// epoll progress engine.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "net/socket/connection.h"
+#include "net/socket/interfaces.h"
+#include "net/transport.h"
+
+namespace unifab::net::socket {
+
+struct SocketTransportOptions {
+  std::string ifname;
+  SocketFamily family = SocketFamily::kAny;
+  int nStreams = 4;
+  int nThreads = 4;
+  int speedMbps = 0;  // 0: per interface from sysfs, 10000 if unknown
+  int64_t bufferBytes = 0;
+  ConnectionOptions connection;
+};
+
+class SocketTransport final : public Transport {
+ public:
+  static Result create(const SocketTransportOptions& options, std::unique_ptr<SocketTransport>* transport);
+
+  const char* name() const override { return "socket"; }
+  int deviceCount() const override { return static_cast<int>(interfaces_.size()); }
+  Result deviceProperties(int dev, DeviceProperties* props) const override;
+  Result listen(int dev, void* handle, std::unique_ptr<ListenComm>* comm) override;
+  Result connect(int dev, void* handle, std::unique_ptr<SendComm>* comm) override;
+
+ private:
+  SocketTransport() = default;
+  Result checkDevice(int dev, const char* operation) const;
+
+  SocketTransportOptions options_;
+  std::vector<NetInterface> interfaces_;
+  std::shared_ptr<ProgressEngine> engine_;
+};
+
+}  // namespace unifab::net::socket

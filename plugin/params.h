@@ -1,0 +1,62 @@
+// The UNIFAB_* parameter table: every environment variable unifab reads, with its type, default
+// and bounds, parsed once per process (per load of the library). A malformed or out-of-range
+// value produces a WARN naming the variable and its bounds, and the default is used instead.
+// unifab never sets NCCL's own variables.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace unifab {
+
+enum class SocketFamily : int { kAny = 0, kIpv4 = 4, kIpv6 = 6 };
+
+struct Params {
+  // net/
+  std::string netTransport;      // UNIFAB_NET_TRANSPORT
+  bool netDisable;               // UNIFAB_NET_DISABLE
+  std::string socketIfname;      // UNIFAB_SOCKET_IFNAME
+  SocketFamily socketFamily;     // UNIFAB_SOCKET_FAMILY
+  int socketNStreams;            // UNIFAB_SOCKET_NSTREAMS
+  int socketNThreads;            // UNIFAB_SOCKET_NTHREADS
+  int64_t socketChunkBytes;      // UNIFAB_SOCKET_CHUNK_BYTES
+  int socketMaxRecvs;            // UNIFAB_SOCKET_MAX_RECVS
+  int socketSpeedMbps;           // UNIFAB_SOCKET_SPEED_MBPS (0: read from sysfs)
+  int64_t socketBufferBytes;     // UNIFAB_SOCKET_BUFFER_BYTES (0: kernel default)
+  // tuner/
+  bool tunerEnable;              // UNIFAB_TUNER_ENABLE
+  std::string tunerConfig;       // UNIFAB_TUNER_CONFIG
+  double tunerNvlinkGbps;        // UNIFAB_TUNER_NVLINK_GBPS (0: detect)
+  double tunerNetGbps;           // UNIFAB_TUNER_NET_GBPS (0: from the net plugin's speed)
+};
+
+enum class ParamType { kInt, kSize, kBool, kString, kChoice, kFloat };
+
+// Description of one parameter, for documentation checks and `unifab-bench --params`.
+struct ParamInfo {
+  const char* name;
+  ParamType type;
+  const char* defaultValue;
+  const char* bounds;  // human-readable range or choices
+  const char* help;
+};
+
+using EnvLookup = std::function<const char*(const char* name)>;
+
+// Parses every parameter from `lookup` (getenv in production); WARNs about bad values.
+Params parseParams(const EnvLookup& lookup);
+
+// The process-wide values, parsed from the environment on first use.
+const Params& params();
+
+const std::vector<ParamInfo>& paramTable();
+
+// Parsers shared with the rule-file reader; they return false on malformed or out-of-range text.
+bool parseInt64(const char* text, int64_t min, int64_t max, int64_t* out);
+bool parseSize(const char* text, int64_t min, int64_t max, int64_t* out);  // K/M/G suffixes
+bool parseBool(const char* text, bool* out);
+bool parseDouble(const char* text, double min, double max, double* out);
+
+}  // namespace unifab

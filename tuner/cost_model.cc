@@ -1,0 +1,110 @@
+#include "tuner/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace unifab::tuner {
+namespace {
+
+double ceilLog2(int value) { return value <= 1 ? 0.0 : std::ceil(std::log2(static_cast<double>(value))); }
+
+}  // namespace
+
+const char* collectiveName(int collective) {
+  static const char* const kNames[] = {"broadcast", "reduce", "allgather", "reducescatter", "allreduce"};
+  return collective >= 0 && collective < kNumCollectives ? kNames[collective] : "unknown";
+}
+
+const char* algorithmName(int algorithm) {
+  static const char* const kNames[] = {"tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat"};
+  return algorithm >= 0 && algorithm < kNumAlgorithms ? kNames[algorithm] : "unknown";
+}
+
+const char* protocolName(int protocol) {
+  static const char* const kNames[] = {"ll", "ll128", "simple"};
+  return protocol >= 0 && protocol < kNumProtocols ? kNames[protocol] : "unknown";
+}
+
+CostModel::CostModel(const Topology& topology, const LatencyConstants& latency, const ModelConstants& constants)
+    : topology_(topology), latency_(latency), constants_(constants) {}
+
+bool CostModel::usable() const {
+  if (topology_.nRanks < 2 || topology_.nNodes < 1 || topology_.ranksPerNode < 1) return false;
+  if (topology_.ranksPerNode > 1 && topology_.nvlinkGBps <= 0) return false;
+  if (topology_.nNodes > 1 && topology_.netGBps <= 0) return false;
+  return true;
+}
+
+bool CostModel::covers(int collective, int algorithm) {
+  switch (collective) {
+    case kAllReduce:
+      return algorithm == kRing || algorithm == kTree;
+    case kAllGather:
+    case kReduceScatter:
+      return algorithm == kRing || algorithm == kPat;
+    case kBroadcast:
+    case kReduce:
+      return algorithm == kRing;
+    default:
+      return false;
+  }
+}
+
+double CostModel::bottleneckGBps() const {
+  double slowest = 1e300;
+  if (topology_.ranksPerNode > 1) slowest = std::min(slowest, topology_.nvlinkGBps);
+  if (topology_.nNodes > 1) slowest = std::min(slowest, topology_.netGBps);
+  return slowest * constants_.linkEfficiency;
+}
+
+bool CostModel::pattern(int collective, int algorithm, Pattern* out) const {
+  const double n = topology_.nRanks;
+  const int nodes = topology_.nNodes;
+  // A ring visits every node once per lap: nodes/n of its hops cross the network.
+  const double interFraction = nodes > 1 ? static_cast<double>(nodes) / n : 0.0;
+  auto ring = [&](double steps, double busFactor) {
+    *out = Pattern{busFactor, steps * (1.0 - interFraction), steps * interFraction, 1.0};
+    return true;
+  };
+  switch (collective) {
+    case kAllReduce:
+      if (algorithm == kRing) return ring(2.0 * (n - 1), 2.0 * (n - 1) / n);
+      if (algorithm == kTree) {
+        // A chain inside each node, a tree across nodes; reduce goes up, broadcast comes down.
+        *out = Pattern{1.0, 2.0 * (topology_.ranksPerNode - 1), 2.0 * ceilLog2(nodes), constants_.treeEfficiency};
+        return true;
+      }
+      return false;
+    case kAllGather:
+    case kReduceScatter:
+      if (algorithm == kRing) return ring(n - 1, (n - 1) / n);
+      if (algorithm == kPat) {
+        double steps = ceilLog2(topology_.nRanks);
+        *out = Pattern{(n - 1) / n, nodes > 1 ? 0.0 : steps, nodes > 1 ? steps : 0.0, constants_.patEfficiency};
+        return true;
+      }
+      return false;
+    case kBroadcast:
+    case kReduce:
+      if (algorithm == kRing) return ring(n - 1, 1.0);
+      return false;
+    default:
+      return false;
+  }
+}
+
+double CostModel::estimateUs(int collective, int algorithm, int protocol, size_t bytes, int numPipeOps) const {
+  if (protocol < 0 || protocol >= kNumProtocols || !usable()) return -1.0;
+  Pattern p{};
+  if (!pattern(collective, algorithm, &p)) return -1.0;
+  // Ops aggregated in one group share a launch: the base latency is paid once for all of them.
+  double alpha = latency_.base[algorithm][protocol] / std::max(1, numPipeOps) +
+                 p.intraHops * latency_.hop[kLinkNvlink][algorithm][protocol] +
+                 p.interHops * latency_.hop[kLinkNet][algorithm][protocol];
+  double bandwidth = bottleneckGBps() * constants_.protocolEfficiency[protocol] * p.efficiency;
+  if (protocol == kLL && latency_.llMaxGBps > 0) bandwidth = std::min(bandwidth, latency_.llMaxGBps);
+  // bytes / (GB/s) is nanoseconds; the table is in microseconds.
+  return alpha + static_cast<double>(bytes) * p.busFactor / (bandwidth * 1e3);
+}
+
+}  // namespace unifab::tuner

@@ -1,0 +1,71 @@
+// An alpha-beta cost model of NCCL's collective algorithms and protocols:
+//   time = alpha(algorithm, protocol, topology) + bytes * busFactor(collective, algorithm, ranks)
+//                                                 / bandwidth(link, protocol, algorithm).
+// alpha takes NCCL's own per-algorithm base and per-hop link latencies (passed to the tuner at
+// init), counting the hops a pattern makes inside a node (NVLink) and across nodes (network);
+// bandwidth is the slowest link the pattern crosses, derated by the protocol's payload fraction
+// and the algorithm's pipelining efficiency. The model covers what it can reason about (Ring and
+// Tree all-reduce, Ring and PAT all-gather/reduce-scatter, Ring broadcast/reduce) and declines
+// the rest, so the tuner never mixes its estimates with NCCL's.
+#pragma once
+
+#include <cstddef>
+
+#include "tuner/topology.h"
+
+namespace unifab::tuner {
+
+// Indices as NCCL's tuner interface numbers them.
+enum Collective : int { kBroadcast = 0, kReduce = 1, kAllGather = 2, kReduceScatter = 3, kAllReduce = 4, kNumCollectives = 5 };
+enum Algorithm : int { kTree = 0, kRing = 1, kCollnetDirect = 2, kCollnetChain = 3, kNvls = 4, kNvlsTree = 5, kPat = 6, kNumAlgorithms = 7 };
+enum Protocol : int { kLL = 0, kLL128 = 1, kSimple = 2, kNumProtocols = 3 };
+enum Link : int { kLinkNvlink = 0, kLinkPci = 1, kLinkNet = 2, kNumLinks = 3 };
+
+const char* collectiveName(int collective);
+const char* algorithmName(int algorithm);
+const char* protocolName(int protocol);
+
+// NCCL's latency constants in microseconds (ncclTunerConstants: baseLatencies, hwLatencies).
+struct LatencyConstants {
+  double base[kNumAlgorithms][kNumProtocols] = {};
+  double hop[kNumLinks][kNumAlgorithms][kNumProtocols] = {};
+  double llMaxGBps = 0;  // NCCL's cap on LL bandwidth for this GPU generation and scale; 0 = none
+};
+
+// Documented efficiency constants (docs/tuner.md); measured constants replace them per machine.
+struct ModelConstants {
+  double protocolEfficiency[kNumProtocols] = {0.5, 120.0 / 128.0, 1.0};  // payload per byte on the wire
+  double linkEfficiency = 0.8;       // achievable fraction of nominal link bandwidth
+  double treeEfficiency = 0.9;       // tree pipelines up and down the same links
+  double patEfficiency = 0.85;       // PAT's log-step exchange of growing blocks
+};
+
+class CostModel {
+ public:
+  CostModel(const Topology& topology, const LatencyConstants& latency, const ModelConstants& constants = {});
+
+  // True if the model knows the bandwidth of every link this communicator crosses.
+  bool usable() const;
+  // Whether (collective, algorithm) is a pattern the model describes.
+  static bool covers(int collective, int algorithm);
+  // Estimated microseconds for `bytes` (NCCL's nBytes for this collective), or < 0 if not covered.
+  double estimateUs(int collective, int algorithm, int protocol, size_t bytes, int numPipeOps = 1) const;
+
+  const Topology& topology() const { return topology_; }
+
+ private:
+  struct Pattern {
+    double busFactor;  // bytes crossing the bottleneck link per byte of nBytes
+    double intraHops;  // sequential NVLink hops
+    double interHops;  // sequential network hops
+    double efficiency; // algorithm's pipelining efficiency
+  };
+  bool pattern(int collective, int algorithm, Pattern* out) const;
+  double bottleneckGBps() const;
+
+  Topology topology_;
+  LatencyConstants latency_;
+  ModelConstants constants_;
+};
+
+}  // namespace unifab::tuner

@@ -1,0 +1,73 @@
+#include "tuner/tuner.h"
+
+#include <cinttypes>
+
+#include "plugin/log.h"
+
+namespace unifab::tuner {
+
+Tuner::Tuner(uint64_t commId, const CostModel& model, TunerSettings settings)
+    : commId_(commId), model_(model), settings_(std::move(settings)) {}
+
+void Tuner::decide(int collective, size_t bytes, int numPipeOps, int regBuff, float* table, int numAlgorithms,
+                   int numProtocols, int* channels) const {
+  if (!settings_.enabled || table == nullptr || collective < 0 || collective >= kNumCollectives) return;
+  if (applyRule(collective, bytes, numPipeOps, regBuff, table, numAlgorithms, numProtocols, channels)) return;
+  applyModel(collective, bytes, numPipeOps, table, numAlgorithms, numProtocols);
+}
+
+bool Tuner::applyRule(int collective, size_t bytes, int numPipeOps, int regBuff, float* table, int numAlgorithms,
+                      int numProtocols, int* channels) const {
+  const Topology& topo = model_.topology();
+  for (const Rule& rule : settings_.rules) {
+    if (!rule.matches(collective, bytes, topo.nNodes, topo.nRanks, numPipeOps, regBuff)) continue;
+    if (rule.algorithm >= numAlgorithms || rule.protocol >= numProtocols ||
+        table[rule.algorithm * numProtocols + rule.protocol] < 0) {
+      // NCCL ruled this combination out for this call; enabling it could crash or corrupt.
+      UF_TRACE(kTuner, kLogTuning, "comm 0x%" PRIx64 ": rule at line %d names %s/%s, unusable here", commId_,
+               rule.line, algorithmName(rule.algorithm), protocolName(rule.protocol));
+      continue;
+    }
+    table[rule.algorithm * numProtocols + rule.protocol] = 0.0f;
+    if (rule.channels > 0 && channels != nullptr) *channels = rule.channels;
+    UF_TRACE(kTuner, kLogTuning, "comm 0x%" PRIx64 ": %s %zu bytes -> %s/%s by rule at line %d", commId_,
+             collectiveName(collective), bytes, algorithmName(rule.algorithm), protocolName(rule.protocol), rule.line);
+    return true;
+  }
+  return false;
+}
+
+bool Tuner::applyModel(int collective, size_t bytes, int numPipeOps, float* table, int numAlgorithms,
+                       int numProtocols) const {
+  if (!model_.usable()) return false;
+  float estimates[kNumAlgorithms * kNumProtocols];
+  int algorithms = numAlgorithms < kNumAlgorithms ? numAlgorithms : kNumAlgorithms;
+  int protocols = numProtocols < kNumProtocols ? numProtocols : kNumProtocols;
+  bool anyUsable = false;
+  for (int a = 0; a < algorithms; ++a) {
+    for (int p = 0; p < protocols; ++p) {
+      if (table[a * numProtocols + p] < 0) continue;
+      // A usable entry the model cannot describe: its estimate and NCCL's would not be comparable.
+      if (!CostModel::covers(collective, a)) return false;
+      double us = model_.estimateUs(collective, a, p, bytes, numPipeOps);
+      if (!(us >= 0)) return false;
+      estimates[a * kNumProtocols + p] = static_cast<float>(us);
+      anyUsable = true;
+    }
+  }
+  // Entries beyond the model's index range would keep NCCL's values: decline instead.
+  for (int a = 0; a < numAlgorithms; ++a) {
+    for (int p = 0; p < numProtocols; ++p) {
+      if ((a >= algorithms || p >= protocols) && table[a * numProtocols + p] >= 0) return false;
+    }
+  }
+  if (!anyUsable) return false;
+  for (int a = 0; a < algorithms; ++a) {
+    for (int p = 0; p < protocols; ++p) {
+      if (table[a * numProtocols + p] >= 0) table[a * numProtocols + p] = estimates[a * kNumProtocols + p];
+    }
+  }
+  return true;
+}
+
+}  // namespace unifab::tuner
