@@ -1,0 +1,191 @@
+// unifab-bench coll: NCCL's collectives timed with CUDA events, one process per GPU, over
+// unifab's net plugin (NET forced), NCCL's internal Socket transport (NET forced) or the
+// machine's default paths. Bus bandwidth follows nccl-tests' definitions.
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "tests/bench/bench_common.h"
+#include "tests/common/nccl_session.h"
+
+namespace unifab::bench {
+namespace {
+
+using test::Collective;
+
+bool collectiveByName(const std::string& name, Collective* out) {
+  for (int c = 0; c < static_cast<int>(Collective::kCount); ++c) {
+    if (name == test::collectiveName(static_cast<Collective>(c))) {
+      *out = static_cast<Collective>(c);
+      return true;
+    }
+  }
+  return false;
+}
+
+double busFactor(Collective collective, int nRanks) {
+  double n = nRanks;
+  return collective == Collective::kAllReduce ? 2 * (n - 1) / n : (n - 1) / n;
+}
+
+struct RankRun {
+  Collective collective;
+  size_t minBytes, maxBytes;
+  int warmup, iters;
+  std::string csv;
+  std::string label;
+};
+
+bool runRank(const RankRun& run, const test::RankEnvironment& env) {
+  test::NcclSession session;
+  if (!session.init(env)) return false;
+  size_t maxElements = run.maxBytes / sizeof(float) + 1;
+  float *send = nullptr, *recv = nullptr;
+  double* stat = nullptr;
+  unsigned long long* wrong = nullptr;
+  TEST_CUDA_CHECK(cudaMalloc(&send, maxElements * sizeof(float)));
+  TEST_CUDA_CHECK(cudaMalloc(&recv, maxElements * sizeof(float)));
+  TEST_CUDA_CHECK(cudaMalloc(&stat, sizeof(double)));
+  TEST_CUDA_CHECK(cudaMalloc(&wrong, sizeof(unsigned long long)));
+  cudaEvent_t start, stop;
+  TEST_CUDA_CHECK(cudaEventCreate(&start));
+  TEST_CUDA_CHECK(cudaEventCreate(&stop));
+  FILE* csv = nullptr;
+  if (env.rank == 0) {
+    printf("# unifab-bench coll: %s, %d ranks, %s, median of %d after %d warm-up, time = slowest rank\n",
+           test::collectiveName(run.collective), env.nRanks, run.label.c_str(), run.iters, run.warmup);
+    printf("# %10s %12s %12s %12s %12s %8s\n", "size(B)", "time(us)", "p90(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    if (!run.csv.empty()) {
+      csv = fopen(run.csv.c_str(), "w");
+      if (csv != nullptr) fprintf(csv, "collective,ranks,net,bytes,time_us,p90_us,algbw_gbs,busbw_gbs,wrong\n");
+    }
+  }
+  for (size_t bytes = run.minBytes; bytes <= run.maxBytes; bytes *= 4) {
+    size_t sendCount = 0, recvCount = 0;
+    if (!test::bufferCounts(run.collective, bytes, env.nRanks, &sendCount, &recvCount)) continue;
+    uint32_t seed = static_cast<uint32_t>(bytes);
+    TEST_CUDA_CHECK(test::fillInput(run.collective, send, sendCount, env.rank, seed, session.stream()));
+    for (int i = 0; i < run.warmup; ++i) {
+      if (!session.run(run.collective, send, recv, sendCount, recvCount)) return false;
+    }
+    std::vector<double> samples;
+    for (int i = 0; i < run.iters; ++i) {
+      TEST_CUDA_CHECK(cudaEventRecord(start, session.stream()));
+      if (!session.run(run.collective, send, recv, sendCount, recvCount)) return false;
+      TEST_CUDA_CHECK(cudaEventRecord(stop, session.stream()));
+      TEST_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      samples.push_back(ms * 1000.0);
+    }
+    // The check runs after timing, on fresh inputs and a poisoned output.
+    TEST_CUDA_CHECK(test::poisonBuffer(recv, recvCount * sizeof(float), session.stream()));
+    TEST_CUDA_CHECK(cudaMemsetAsync(wrong, 0, sizeof(*wrong), session.stream()));
+    if (!session.run(run.collective, send, recv, sendCount, recvCount)) return false;
+    TEST_CUDA_CHECK(test::countMismatches(run.collective, recv, recvCount, env.rank, env.nRanks, seed, wrong,
+                                          session.stream()));
+    double results[2] = {median(samples), percentile(samples, 0.9)};
+    unsigned long long mismatches = 0;
+    for (double& value : results) {
+      TEST_CUDA_CHECK(cudaMemcpyAsync(stat, &value, sizeof(double), cudaMemcpyHostToDevice, session.stream()));
+      TEST_NCCL_CHECK(ncclAllReduce(stat, stat, 1, ncclFloat64, ncclMax, session.comm(), session.stream()));
+      TEST_CUDA_CHECK(cudaMemcpyAsync(&value, stat, sizeof(double), cudaMemcpyDeviceToHost, session.stream()));
+      TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+    }
+    TEST_NCCL_CHECK(ncclAllReduce(wrong, wrong, 1, ncclUint64, ncclSum, session.comm(), session.stream()));
+    TEST_CUDA_CHECK(cudaMemcpyAsync(&mismatches, wrong, sizeof(mismatches), cudaMemcpyDeviceToHost, session.stream()));
+    TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+    if (env.rank == 0) {
+      size_t reportBytes = std::max(sendCount, recvCount) * sizeof(float);
+      double algbw = static_cast<double>(reportBytes) / (results[0] * 1e3);
+      double busbw = algbw * busFactor(run.collective, env.nRanks);
+      printf("  %10zu %12.1f %12.1f %12.2f %12.2f %8llu\n", reportBytes, results[0], results[1], algbw, busbw, mismatches);
+      fflush(stdout);
+      if (csv != nullptr) {
+        fprintf(csv, "%s,%d,%s,%zu,%.2f,%.2f,%.3f,%.3f,%llu\n", test::collectiveName(run.collective), env.nRanks,
+                run.label.c_str(), reportBytes, results[0], results[1], algbw, busbw, mismatches);
+      }
+    }
+    if (mismatches != 0) {
+      if (csv != nullptr) fclose(csv);
+      return false;
+    }
+  }
+  if (csv != nullptr) fclose(csv);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(send);
+  cudaFree(recv);
+  cudaFree(stat);
+  cudaFree(wrong);
+  return true;
+}
+
+}  // namespace
+
+int runColl(Args& args, const char* self) {
+  RankRun run;
+  std::string op = args.value("--op", "all_reduce");
+  if (!collectiveByName(op, &run.collective)) {
+    fprintf(stderr, "unifab-bench coll: unknown --op %s (all_reduce, all_gather, reduce_scatter, alltoall)\n",
+            op.c_str());
+    return 2;
+  }
+  run.minBytes = parseBytes(args.value("--min", "8"));
+  run.maxBytes = parseBytes(args.value("--max", "256M"));
+  run.warmup = atoi(args.value("--warmup", "5").c_str());
+  run.iters = atoi(args.value("--iters", "30").c_str());
+  run.csv = args.value("--csv", "");
+  std::string net = args.value("--net", "nvlink");
+  std::string tuner = args.value("--tuner", "");
+  std::string ranksText = args.value("--nranks", "0");
+  if (!args.leftovers().empty()) {
+    fprintf(stderr, "unifab-bench coll: unknown argument '%s'\n", args.leftovers()[0].c_str());
+    return 2;
+  }
+  if (run.minBytes == 0 || run.maxBytes < run.minBytes || run.iters < 1 || run.warmup < 0) {
+    fprintf(stderr, "unifab-bench coll: need 0 < --min <= --max, --iters >= 1, --warmup >= 0\n");
+    return 2;
+  }
+  run.label = "net=" + net + (tuner.empty() ? "" : ",tuner=" + tuner);
+
+  test::RankEnvironment env = test::rankEnvironment();
+  if (env.launched) return runRank(run, env) ? 0 : 1;
+
+  // Not started by a launcher: start one process per GPU, each running this same command.
+  int nRanks = atoi(ranksText.c_str());
+  if (nRanks <= 0) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 1) {
+      fprintf(stderr, "unifab-bench coll: no CUDA device\n");
+      return 1;
+    }
+    nRanks = devices;
+  }
+  test::LaunchOptions launch;
+  launch.nRanks = nRanks;
+  launch.environment.push_back(std::string("NCCL_NVLS_ENABLE=") + (getenv("NCCL_NVLS_ENABLE") ? getenv("NCCL_NVLS_ENABLE") : "0"));
+  if (net == "unifab") {
+    std::string library = unifabLibraryPath();
+    if (library.empty()) {
+      fprintf(stderr, "unifab-bench coll: cannot locate libnccl-unifab.so\n");
+      return 1;
+    }
+    launch.environment.insert(launch.environment.end(), {"NCCL_NET_PLUGIN=" + library, "NCCL_NET=unifab",
+                                                         "NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1"});
+  } else if (net == "socket") {
+    launch.environment.insert(launch.environment.end(), {"NCCL_NET_PLUGIN=none", "NCCL_NET=Socket",
+                                                         "NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1"});
+  } else if (net != "nvlink") {
+    fprintf(stderr, "unifab-bench coll: --net must be unifab, socket or nvlink\n");
+    return 2;
+  }
+  if (tuner == "none") launch.environment.push_back("NCCL_TUNER_PLUGIN=none");
+  std::vector<std::string> argv = {self, "coll"};
+  for (const std::string& item : args.items) argv.push_back(item);
+  return test::launchRanks(launch, argv);
+}
+
+}  // namespace unifab::bench

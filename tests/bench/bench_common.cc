@@ -1,0 +1,98 @@
+#include "tests/bench/bench_common.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "unifab/unifab.h"
+
+namespace unifab::bench {
+
+Args makeArgs(int argc, char** argv, int first) {
+  Args args;
+  for (int i = first; i < argc; ++i) args.items.emplace_back(argv[i]);
+  args.used.assign(args.items.size(), false);
+  return args;
+}
+
+std::string Args::value(const std::string& name, const std::string& fallback) {
+  for (size_t i = 0; i + 1 < items.size(); ++i) {
+    if (items[i] == name) {
+      used[i] = used[i + 1] = true;
+      return items[i + 1];
+    }
+  }
+  return fallback;
+}
+
+bool Args::flag(const std::string& name) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i] == name) {
+      used[i] = true;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> Args::leftovers() const {
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!used[i]) rest.push_back(items[i]);
+  }
+  return rest;
+}
+
+size_t parseBytes(const std::string& text) {
+  char* end = nullptr;
+  double value = strtod(text.c_str(), &end);
+  switch (end != nullptr ? *end : '\0') {
+    case 'K':
+    case 'k':
+      value *= 1024;
+      break;
+    case 'M':
+    case 'm':
+      value *= 1024 * 1024;
+      break;
+    case 'G':
+    case 'g':
+      value *= 1024.0 * 1024 * 1024;
+      break;
+    default:
+      break;
+  }
+  return static_cast<size_t>(value);
+}
+
+std::string formatBytes(size_t bytes) {
+  char text[32];
+  if (bytes >= (size_t{1} << 30) && bytes % (size_t{1} << 30) == 0) {
+    snprintf(text, sizeof(text), "%zuG", bytes >> 30);
+  } else if (bytes >= (size_t{1} << 20) && bytes % (size_t{1} << 20) == 0) {
+    snprintf(text, sizeof(text), "%zuM", bytes >> 20);
+  } else if (bytes >= 1024 && bytes % 1024 == 0) {
+    snprintf(text, sizeof(text), "%zuK", bytes >> 10);
+  } else {
+    snprintf(text, sizeof(text), "%zu", bytes);
+  }
+  return text;
+}
+
+double median(std::vector<double> values) { return percentile(std::move(values), 0.5); }
+
+double percentile(std::vector<double> values, double fraction) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  size_t index = static_cast<size_t>(fraction * static_cast<double>(values.size() - 1) + 0.5);
+  return values[std::min(index, values.size() - 1)];
+}
+
+std::string unifabLibraryPath() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&unifabGetVersion), &info) == 0 || info.dli_fname == nullptr) return "";
+  return info.dli_fname;
+}
+
+}  // namespace unifab::bench

@@ -1,0 +1,33 @@
+// Shared pieces of unifab-bench's subcommands: argument parsing helpers and result tables.
+#pragma once
+
+#include <cstddef>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace unifab::bench {
+
+struct Args {
+  std::vector<std::string> items;
+  // Value of "--name VALUE" (or default); marks the pair as consumed.
+  std::string value(const std::string& name, const std::string& fallback);
+  bool flag(const std::string& name);
+  // Leftover arguments that no option consumed, for the usage check.
+  std::vector<std::string> leftovers() const;
+  std::vector<bool> used;
+};
+
+Args makeArgs(int argc, char** argv, int first);
+size_t parseBytes(const std::string& text);  // 4096, 64K, 1M, 1G
+std::string formatBytes(size_t bytes);
+double median(std::vector<double> values);
+double percentile(std::vector<double> values, double fraction);
+
+// Path of the loaded libnccl-unifab.so (for NCCL_NET_PLUGIN), "" if unknown.
+std::string unifabLibraryPath();
+
+int runNet(Args& args);
+int runColl(Args& args, const char* self);
+
+}  // namespace unifab::bench

@@ -1,0 +1,44 @@
+// unifab-bench: benchmarks of unifab's operations and of its NCCL plugin.
+//   unifab-bench                 the main demo for this machine (net loopback without GPUs)
+//   unifab-bench net  [...]      ncclNet table over loopback, no NCCL, no GPU
+//   unifab-bench coll [...]      NCCL collectives, one process per GPU, over unifab or NCCL's nets
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "tests/bench/bench_common.h"
+
+namespace {
+
+void usage() {
+  printf(
+      "usage: unifab-bench [net|coll] [options]\n"
+      "  net   --min BYTES --max BYTES --window N --seconds S\n"
+      "        bandwidth and latency of the ncclNet table over loopback (two comms, two threads)\n"
+      "  coll  --op all_reduce|all_gather|reduce_scatter|alltoall --min BYTES --max BYTES --iters N\n"
+      "        --warmup N --nranks N --net unifab|socket|nvlink [--tuner none] [--csv FILE]\n"
+      "        NCCL collectives, one process per GPU; --net unifab and socket force NCCL's NET path\n"
+      "        (P2P and SHM off) over unifab's plugin or NCCL's internal Socket transport\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string command = argc > 1 ? argv[1] : "";
+  if (command == "-h" || command == "--help") {
+    usage();
+    return 0;
+  }
+  if (command == "" || command == "net") {
+    // Without extension operations built yet, the loopback net benchmark is the demo everywhere.
+    unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, command.empty() ? 1 : 2);
+    return unifab::bench::runNet(args);
+  }
+  if (command == "coll") {
+    unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
+    return unifab::bench::runColl(args, argv[0]);
+  }
+  fprintf(stderr, "unifab-bench: unknown command '%s'\n", command.c_str());
+  usage();
+  return 2;
+}

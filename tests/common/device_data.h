@@ -1,0 +1,28 @@
+// Device-side inputs and checks for NCCL collective tests: every rank computes every other
+// rank's input from (rank, index, seed), so expected outputs need no communication. Inputs are
+// small integers held in floats, so sums are exact and checks are bit-exact.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace unifab::test {
+
+enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kCount };
+
+const char* collectiveName(Collective collective);
+
+// Element counts of the send and receive buffers for `bytes`, nccl-tests' size convention (the
+// larger buffer of the pair), or false if `bytes` is too small for this rank count.
+bool bufferCounts(Collective collective, size_t bytes, int nRanks, size_t* sendCount, size_t* recvCount);
+
+cudaError_t fillInput(Collective collective, float* send, size_t sendCount, int rank, uint32_t seed,
+                      cudaStream_t stream);
+cudaError_t poisonBuffer(void* data, size_t bytes, cudaStream_t stream);
+// Adds the number of wrong elements of `recv` to *mismatches (device memory).
+cudaError_t countMismatches(Collective collective, const float* recv, size_t recvCount, int rank, int nRanks,
+                            uint32_t seed, unsigned long long* mismatches, cudaStream_t stream);
+
+}  // namespace unifab::test

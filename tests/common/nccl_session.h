@@ -1,0 +1,62 @@
+// One rank's NCCL session for GPU tests and benchmarks: device selection, ncclUniqueId through
+// the launcher's file, communicator init and teardown, and the collectives under test.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <string>
+
+#include "tests/common/device_data.h"
+#include "tests/common/rank_launcher.h"
+
+#define TEST_CUDA_CHECK(call)                                                                       \
+  do {                                                                                              \
+    cudaError_t err_ = (call);                                                                      \
+    if (err_ != cudaSuccess) {                                                                      \
+      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
+      return false;                                                                                 \
+    }                                                                                               \
+  } while (0)
+
+#define TEST_NCCL_CHECK(call)                                                                       \
+  do {                                                                                              \
+    ncclResult_t res_ = (call);                                                                     \
+    if (res_ != ncclSuccess) {                                                                      \
+      fprintf(stderr, "%s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__, #call, ncclGetErrorString(res_), \
+              ncclGetLastError(nullptr));                                                           \
+      return false;                                                                                 \
+    }                                                                                               \
+  } while (0)
+
+namespace unifab::test {
+
+class NcclSession {
+ public:
+  NcclSession() = default;
+  ~NcclSession();
+  NcclSession(const NcclSession&) = delete;
+  NcclSession& operator=(const NcclSession&) = delete;
+
+  // Selects the GPU (local rank modulo the visible count) and joins the communicator.
+  bool init(const RankEnvironment& env);
+  bool run(Collective collective, const void* send, void* recv, size_t sendCount, size_t recvCount);
+
+  ncclComm_t comm() const { return comm_; }
+  cudaStream_t stream() const { return stream_; }
+  int rank() const { return env_.rank; }
+  int nRanks() const { return env_.nRanks; }
+  int device() const { return device_; }
+
+ private:
+  RankEnvironment env_;
+  int device_ = 0;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+// The NCCL debug file this process writes, from NCCL_DEBUG_FILE's %h and %p; "" if unset.
+std::string ncclDebugFilePath();
+
+}  // namespace unifab::test

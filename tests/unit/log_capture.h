@@ -1,0 +1,60 @@
+// Routes unifab's logger into a vector for the duration of a test, so tests can assert that a
+// bad input produced a warning.
+#pragma once
+
+#include <cstdarg>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "plugin/log.h"
+
+namespace unifab::test {
+
+class LogCapture {
+ public:
+  LogCapture() {
+    lines().clear();
+    logSetNcclLogger(&LogCapture::record);
+  }
+  ~LogCapture() { logSetNcclLogger(nullptr); }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+
+  std::vector<std::string> warnings() const {
+    std::lock_guard<std::mutex> lock(mutex());
+    std::vector<std::string> result;
+    for (const auto& entry : lines()) {
+      if (entry.first == static_cast<int>(LogLevel::kWarn)) result.push_back(entry.second);
+    }
+    return result;
+  }
+  bool warned(const std::string& fragment) const {
+    for (const std::string& line : warnings()) {
+      if (line.find(fragment) != std::string::npos) return true;
+    }
+    return false;
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::vector<std::pair<int, std::string>>& lines() {
+    static std::vector<std::pair<int, std::string>> l;
+    return l;
+  }
+  static void record(int level, unsigned long, const char*, int, const char* fmt, ...) {
+    char text[2048];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(text, sizeof(text), fmt, args);
+    va_end(args);
+    std::lock_guard<std::mutex> lock(mutex());
+    lines().emplace_back(level, text);
+  }
+};
+
+}  // namespace unifab::test

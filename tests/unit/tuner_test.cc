@@ -1,0 +1,343 @@
+// The cost model and the tuner's decisions on synthetic topologies (1, 2 and 8 GPUs per node;
+// 1, 2 and 16 nodes), with NCCL-like latency constants.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "tests/unit/log_capture.h"
+#include "tuner/tuner.h"
+
+using namespace unifab::tuner;
+
+namespace {
+
+constexpr float kIgnore = -1.0f;
+
+LatencyConstants ncclLikeLatencies() {
+  LatencyConstants c;
+  for (int a = 0; a < kNumAlgorithms; ++a) {
+    c.base[a][kLL] = 6.8;
+    c.base[a][kLL128] = 14.0;
+    c.base[a][kSimple] = 8.4;
+    c.hop[kLinkNvlink][a][kLL] = 0.6;
+    c.hop[kLinkNvlink][a][kLL128] = 1.25;
+    c.hop[kLinkNvlink][a][kSimple] = 4.0;
+    c.hop[kLinkPci][a][kLL] = 1.0;
+    c.hop[kLinkPci][a][kLL128] = 1.9;
+    c.hop[kLinkPci][a][kSimple] = 4.5;
+    c.hop[kLinkNet][a][kLL] = 5.0;
+    c.hop[kLinkNet][a][kLL128] = 8.5;
+    c.hop[kLinkNet][a][kSimple] = 14.0;
+  }
+  return c;
+}
+
+Topology topology(int gpusPerNode, int nodes) {
+  Topology t;
+  t.nRanks = gpusPerNode * nodes;
+  t.nNodes = nodes;
+  t.ranksPerNode = gpusPerNode;
+  t.nvlinkGBps = 450;
+  t.netGBps = 50;
+  t.computeCapability = 90;
+  return t;
+}
+
+// NCCL's table as it arrives: usable entries hold NCCL's estimates, the rest are IGNORE.
+struct Table {
+  float cell[kNumAlgorithms][kNumProtocols];
+  explicit Table(std::vector<int> usableAlgorithms) {
+    for (auto& row : cell)
+      for (float& value : row) value = kIgnore;
+    for (int a : usableAlgorithms)
+      for (int p = 0; p < kNumProtocols; ++p) cell[a][p] = 1000.0f + 10.0f * a + p;
+  }
+  float* data() { return &cell[0][0]; }
+  // The usable entry with the lowest cost, as NCCL picks it.
+  std::pair<int, int> choice() const {
+    std::pair<int, int> best{-1, -1};
+    float bestCost = 0;
+    for (int a = 0; a < kNumAlgorithms; ++a)
+      for (int p = 0; p < kNumProtocols; ++p)
+        if (cell[a][p] >= 0 && (best.first < 0 || cell[a][p] < bestCost)) {
+          best = {a, p};
+          bestCost = cell[a][p];
+        }
+    return best;
+  }
+};
+
+std::vector<int> algorithmsNcclOffers(int collective, const Topology& t) {
+  if (collective == kAllReduce) return {kTree, kRing};
+  if ((collective == kAllGather || collective == kReduceScatter) && t.ranksPerNode == 1) return {kRing, kPat};
+  return {kRing};
+}
+
+const std::pair<int, int> kShapes[] = {{1, 2}, {2, 1}, {8, 1}, {1, 16}, {8, 2}, {8, 16}};
+
+TEST(CostModel, EstimatesArePositiveFiniteAndGrowWithSize) {
+  for (auto [gpus, nodes] : kShapes) {
+    CostModel model(topology(gpus, nodes), ncclLikeLatencies());
+    ASSERT_TRUE(model.usable());
+    for (int coll = 0; coll < kNumCollectives; ++coll) {
+      for (int algo = 0; algo < kNumAlgorithms; ++algo) {
+        if (!CostModel::covers(coll, algo)) {
+          EXPECT_LT(model.estimateUs(coll, algo, kSimple, 1024), 0);
+          continue;
+        }
+        for (int proto = 0; proto < kNumProtocols; ++proto) {
+          double previous = 0;
+          for (size_t bytes = 8; bytes <= (size_t{1} << 30); bytes *= 4) {
+            double us = model.estimateUs(coll, algo, proto, bytes);
+            ASSERT_TRUE(std::isfinite(us) && us > 0) << collectiveName(coll) << " " << algorithmName(algo);
+            EXPECT_GE(us, previous);
+            previous = us;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CostModel, BandwidthTermFollowsTheSlowestLink) {
+  Topology fast = topology(8, 2);
+  Topology slow = fast;
+  slow.netGBps = fast.netGBps / 4;
+  CostModel a(fast, ncclLikeLatencies()), b(slow, ncclLikeLatencies());
+  size_t big = size_t{1} << 30, small = size_t{1} << 20;
+  double slopeFast = a.estimateUs(kAllReduce, kRing, kSimple, big) - a.estimateUs(kAllReduce, kRing, kSimple, small);
+  double slopeSlow = b.estimateUs(kAllReduce, kRing, kSimple, big) - b.estimateUs(kAllReduce, kRing, kSimple, small);
+  EXPECT_NEAR(slopeSlow / slopeFast, 4.0, 1e-6);
+  // One node never crosses the network: its speed must not matter.
+  CostModel c(topology(8, 1), ncclLikeLatencies());
+  Topology oneNodeSlowNet = topology(8, 1);
+  oneNodeSlowNet.netGBps = 0.001;
+  CostModel d(oneNodeSlowNet, ncclLikeLatencies());
+  EXPECT_DOUBLE_EQ(c.estimateUs(kAllGather, kRing, kLL128, big), d.estimateUs(kAllGather, kRing, kLL128, big));
+}
+
+TEST(CostModel, AggregatedOpsShareTheLaunchLatency) {
+  CostModel model(topology(8, 1), ncclLikeLatencies());
+  EXPECT_LT(model.estimateUs(kAllReduce, kRing, kLL, 64, 4), model.estimateUs(kAllReduce, kRing, kLL, 64, 1));
+}
+
+TEST(CostModel, DeclinesWithoutTheBandwidthOfALinkItCrosses) {
+  Topology t = topology(8, 2);
+  t.netGBps = 0;
+  EXPECT_FALSE(CostModel(t, ncclLikeLatencies()).usable());
+  t = topology(8, 1);
+  t.nvlinkGBps = 0;
+  EXPECT_FALSE(CostModel(t, ncclLikeLatencies()).usable());
+  t.netGBps = 0;
+  t.ranksPerNode = 1;
+  t.nRanks = 1;
+  EXPECT_FALSE(CostModel(t, ncclLikeLatencies()).usable()) << "one rank: NCCL never asks, nothing to model";
+  EXPECT_TRUE(CostModel(topology(1, 2), ncclLikeLatencies()).usable()) << "one GPU per node needs no NVLink";
+}
+
+TEST(Tuner, TouchesOnlyUsableEntriesAndNeverChannels) {
+  for (auto [gpus, nodes] : kShapes) {
+    Topology t = topology(gpus, nodes);
+    Tuner tuner(1, CostModel(t, ncclLikeLatencies()), TunerSettings{});
+    for (int coll = 0; coll < kNumCollectives; ++coll) {
+      for (size_t bytes = 8; bytes <= (size_t{1} << 30); bytes *= 4) {
+        Table table(algorithmsNcclOffers(coll, t));
+        table.cell[kRing][kLL128] = kIgnore;  // NCCL may rule out single protocols too
+        Table before = table;
+        int channels = 0;
+        tuner.decide(coll, bytes, 1, 0, table.data(), kNumAlgorithms, kNumProtocols, &channels);
+        EXPECT_EQ(channels, 0);
+        bool changed = false;
+        for (int a = 0; a < kNumAlgorithms; ++a)
+          for (int p = 0; p < kNumProtocols; ++p) {
+            if (before.cell[a][p] < 0) {
+              EXPECT_EQ(table.cell[a][p], kIgnore) << "an IGNORE entry was enabled";
+            } else {
+              EXPECT_GE(table.cell[a][p], 0.0f);
+              changed = changed || table.cell[a][p] != before.cell[a][p];
+            }
+          }
+        EXPECT_TRUE(changed) << collectiveName(coll) << " " << bytes;
+      }
+    }
+  }
+}
+
+TEST(Tuner, LeavesTheTableAloneWhenAUsableEntryIsOutsideTheModel) {
+  Tuner tuner(1, CostModel(topology(8, 1), ncclLikeLatencies()), TunerSettings{});
+  Table table({kTree, kRing, kNvls});
+  Table before = table;
+  int channels = 0;
+  tuner.decide(kAllReduce, 1 << 20, 1, 0, table.data(), kNumAlgorithms, kNumProtocols, &channels);
+  EXPECT_EQ(memcmp(&table, &before, sizeof(Table)), 0);
+}
+
+TEST(Tuner, LeavesTheTableAloneWhenUnsureOrDisabled) {
+  Topology unknown = topology(1, 2);
+  unknown.netGBps = 0;
+  Tuner unsure(1, CostModel(unknown, ncclLikeLatencies()), TunerSettings{});
+  TunerSettings off;
+  off.enabled = false;
+  Tuner disabled(1, CostModel(topology(1, 2), ncclLikeLatencies()), off);
+  for (const Tuner* tuner : {&unsure, &disabled}) {
+    Table table({kTree, kRing});
+    Table before = table;
+    int channels = 0;
+    tuner->decide(kAllReduce, 4096, 1, 0, table.data(), kNumAlgorithms, kNumProtocols, &channels);
+    EXPECT_EQ(memcmp(&table, &before, sizeof(Table)), 0);
+  }
+}
+
+TEST(Tuner, PicksLowLatencyForTinyAndSimpleForHugeMessages) {
+  for (auto [gpus, nodes] : kShapes) {
+    Topology t = topology(gpus, nodes);
+    Tuner tuner(1, CostModel(t, ncclLikeLatencies()), TunerSettings{});
+    int channels = 0;
+    Table tiny({kTree, kRing});
+    tuner.decide(kAllReduce, 8, 1, 0, tiny.data(), kNumAlgorithms, kNumProtocols, &channels);
+    EXPECT_EQ(tiny.choice().second, kLL) << gpus << "x" << nodes;
+    Table huge({kTree, kRing});
+    tuner.decide(kAllReduce, size_t{1} << 30, 1, 0, huge.data(), kNumAlgorithms, kNumProtocols, &channels);
+    EXPECT_EQ(huge.choice().second, kSimple) << gpus << "x" << nodes;
+    // Two ranks move the same bytes either way; the ring pipelines better.
+    if (t.nRanks == 2) {
+      EXPECT_EQ(huge.choice().first, kRing);
+    }
+  }
+}
+
+TEST(Tuner, TreeWinsLatencyBoundAllReduceAcrossManyNodes) {
+  Topology t = topology(8, 16);
+  Tuner tuner(1, CostModel(t, ncclLikeLatencies()), TunerSettings{});
+  Table table({kTree, kRing});
+  int channels = 0;
+  tuner.decide(kAllReduce, 4096, 1, 0, table.data(), kNumAlgorithms, kNumProtocols, &channels);
+  EXPECT_EQ(table.choice().first, kTree) << "log-depth tree against a 256-hop ring";
+}
+
+TEST(Tuner, RuleForcesItsEntryAndChannels) {
+  TunerSettings settings;
+  Rule rule;
+  rule.collective = kAllReduce;
+  rule.minBytes = 1024;
+  rule.maxBytes = 1 << 20;
+  rule.algorithm = kTree;
+  rule.protocol = kLL128;
+  rule.channels = 6;
+  rule.nNodes = 2;
+  settings.rules.push_back(rule);
+  Tuner tuner(1, CostModel(topology(1, 2), ncclLikeLatencies()), settings);
+  Table table({kTree, kRing});
+  int channels = 0;
+  tuner.decide(kAllReduce, 4096, 1, 0, table.data(), kNumAlgorithms, kNumProtocols, &channels);
+  EXPECT_EQ(table.choice(), std::make_pair(static_cast<int>(kTree), static_cast<int>(kLL128)));
+  EXPECT_EQ(channels, 6);
+  // Outside its size range the model decides and channels stay NCCL's.
+  Table other({kTree, kRing});
+  channels = 0;
+  tuner.decide(kAllReduce, 8 << 20, 1, 0, other.data(), kNumAlgorithms, kNumProtocols, &channels);
+  EXPECT_EQ(channels, 0);
+  EXPECT_NE(other.cell[kTree][kLL128], 0.0f);
+}
+
+TEST(Tuner, RuleNamingAnUnusableEntryFallsBackToTheModel) {
+  TunerSettings settings;
+  Rule rule;
+  rule.collective = kAllReduce;
+  rule.maxBytes = INT64_MAX;
+  rule.algorithm = kRing;
+  rule.protocol = kLL128;
+  rule.channels = 3;
+  settings.rules.push_back(rule);
+  Tuner tuner(1, CostModel(topology(1, 2), ncclLikeLatencies()), settings);
+  Table table({kTree, kRing});
+  table.cell[kRing][kLL128] = kIgnore;
+  int channels = 0;
+  tuner.decide(kAllReduce, 4096, 1, 0, table.data(), kNumAlgorithms, kNumProtocols, &channels);
+  EXPECT_EQ(table.cell[kRing][kLL128], kIgnore);
+  EXPECT_EQ(channels, 0);
+}
+
+TEST(Rules, ParsesNcclExampleFormat) {
+  Rule rule;
+  bool isRule = false;
+  std::string error;
+  ASSERT_TRUE(parseRuleLine("allreduce,0,65536,tree,ll,4,1,-1", &rule, &isRule, &error)) << error;
+  EXPECT_TRUE(isRule);
+  EXPECT_EQ(rule.collective, kAllReduce);
+  EXPECT_EQ(rule.maxBytes, 65536);
+  EXPECT_EQ(rule.algorithm, kTree);
+  EXPECT_EQ(rule.protocol, kLL);
+  EXPECT_EQ(rule.channels, 4);
+  EXPECT_EQ(rule.nNodes, 1);
+  EXPECT_EQ(rule.nRanks, -1);
+  ASSERT_TRUE(parseRuleLine(" AllGather , 1M , 1G , RING , Simple , -1 , -1 , 8 , 2 , 0  # comment", &rule, &isRule, &error))
+      << error;
+  EXPECT_EQ(rule.minBytes, 1 << 20);
+  EXPECT_EQ(rule.maxBytes, int64_t{1} << 30);
+  EXPECT_EQ(rule.numPipeOps, 2);
+  EXPECT_EQ(rule.regBuff, 0);
+  ASSERT_TRUE(parseRuleLine("   # only a comment", &rule, &isRule, &error));
+  EXPECT_FALSE(isRule);
+  ASSERT_TRUE(parseRuleLine("", &rule, &isRule, &error));
+  EXPECT_FALSE(isRule);
+}
+
+TEST(Rules, RejectsMalformedLinesWithAReason) {
+  const char* bad[] = {
+      "allreduce,0,100,ring,simple,-1,-1",              // too few fields
+      "allreduce,0,100,ring,simple,-1,-1,-1,1,0,9",     // too many
+      "alltoall,0,100,ring,simple,-1,-1,-1",            // not a tuner collective
+      "allreduce,200,100,ring,simple,-1,-1,-1",         // min > max
+      "allreduce,x,100,ring,simple,-1,-1,-1",           // not a size
+      "allreduce,0,100,butterfly,simple,-1,-1,-1",      // unknown algorithm
+      "allreduce,0,100,ring,fast,-1,-1,-1",             // unknown protocol
+      "allreduce,0,100,ring,simple,0,-1,-1",            // zero channels
+      "allreduce,0,100,ring,simple,-1,-1,-1,1,2",       // regBuff beyond 0/1
+  };
+  for (const char* line : bad) {
+    Rule rule;
+    bool isRule = true;
+    std::string error;
+    EXPECT_FALSE(parseRuleLine(line, &rule, &isRule, &error)) << line;
+    EXPECT_FALSE(error.empty()) << line;
+  }
+}
+
+TEST(Rules, FileWithBadLinesWarnsAndKeepsTheGoodOnes) {
+  unifab::test::LogCapture log;
+  std::string path = ::testing::TempDir() + "/unifab_rules.conf";
+  FILE* file = fopen(path.c_str(), "w");
+  ASSERT_NE(file, nullptr);
+  fputs("# rules\nallreduce,0,1024,tree,ll,-1,-1,-1\nnot,a,rule\n\nbroadcast,0,1G,ring,simple,2,-1,-1\n", file);
+  fclose(file);
+  std::vector<Rule> rules = loadRules(path);
+  ASSERT_EQ(rules.size(), 2u);
+  EXPECT_EQ(rules[0].line, 2);
+  EXPECT_EQ(rules[1].line, 5);
+  EXPECT_TRUE(log.warned(path + ":3:"));
+  EXPECT_TRUE(loadRules(path + ".missing").empty());
+  EXPECT_TRUE(log.warned("cannot be read"));
+}
+
+TEST(Rules, MatchingHonoursEveryCondition) {
+  Rule rule;
+  rule.collective = kAllGather;
+  rule.minBytes = 100;
+  rule.maxBytes = 200;
+  rule.nNodes = 2;
+  rule.nRanks = 16;
+  rule.numPipeOps = 1;
+  rule.regBuff = 1;
+  EXPECT_TRUE(rule.matches(kAllGather, 150, 2, 16, 1, 1));
+  EXPECT_FALSE(rule.matches(kAllReduce, 150, 2, 16, 1, 1));
+  EXPECT_FALSE(rule.matches(kAllGather, 99, 2, 16, 1, 1));
+  EXPECT_FALSE(rule.matches(kAllGather, 201, 2, 16, 1, 1));
+  EXPECT_FALSE(rule.matches(kAllGather, 150, 1, 16, 1, 1));
+  EXPECT_FALSE(rule.matches(kAllGather, 150, 2, 8, 1, 1));
+  EXPECT_FALSE(rule.matches(kAllGather, 150, 2, 16, 2, 1));
+  EXPECT_FALSE(rule.matches(kAllGather, 150, 2, 16, 1, 0));
+}
+
+}  // namespace
