@@ -1,6 +1,7 @@
 #include "net/transport.h"
 
 #include <mutex>
+#include <thread>
 
 #include "net/socket/socket_transport.h"
 #include "plugin/params.h"
@@ -19,6 +20,12 @@ Result createSelected(std::shared_ptr<Transport>* transport) {
     options.family = p.socketFamily;
     options.nStreams = p.socketNStreams;
     options.nThreads = p.socketNThreads;
+    options.busyPollUs = p.socketBusyPollUs;
+    if (options.busyPollUs < 0) {
+      // Polling threads only pay off when they do not compete with the application for cores.
+      unsigned cores = std::thread::hardware_concurrency();
+      options.busyPollUs = cores >= 4u * static_cast<unsigned>(options.nThreads) ? 100 : 0;
+    }
     options.speedMbps = p.socketSpeedMbps;
     options.bufferBytes = p.socketBufferBytes;
     options.connection.maxRecvs = p.socketMaxRecvs;

@@ -50,6 +50,11 @@ const std::vector<ParamEntry>& entries() {
       {{"UNIFAB_SOCKET_NTHREADS", ParamType::kInt, "4", "1..16",
         "Progress threads per process driving all socket streams (epoll)"},
        1, 16, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.socketNThreads = static_cast<int>(v); }},
+      {{"UNIFAB_SOCKET_BUSY_POLL_US", ParamType::kInt, "-1", "-1..1000000",
+        "How long progress threads keep polling after traffic before sleeping; -1 (auto) is 100 us "
+        "when the machine has at least 4 cores per progress thread of the job, else 0"},
+       -1, 1000000, nullptr,
+       [](Params& p, int64_t v, double, const std::string&) { p.socketBusyPollUs = static_cast<int>(v); }},
       {{"UNIFAB_SOCKET_CHUNK_BYTES", ParamType::kSize, "128K", "4K..64M",
         "Smallest piece of a message sent on one stream; smaller messages use one stream"},
        4 * kKiB, 64 * kKiB * kKiB, nullptr,

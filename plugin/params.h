@@ -21,6 +21,7 @@ struct Params {
   SocketFamily socketFamily;     // UNIFAB_SOCKET_FAMILY
   int socketNStreams;            // UNIFAB_SOCKET_NSTREAMS
   int socketNThreads;            // UNIFAB_SOCKET_NTHREADS
+  int socketBusyPollUs;          // UNIFAB_SOCKET_BUSY_POLL_US (-1: decided by the transport)
   int64_t socketChunkBytes;      // UNIFAB_SOCKET_CHUNK_BYTES
   int socketMaxRecvs;            // UNIFAB_SOCKET_MAX_RECVS
   int socketSpeedMbps;           // UNIFAB_SOCKET_SPEED_MBPS (0: read from sysfs)

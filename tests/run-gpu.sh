@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks, and leave logs
-# and CSV files in $OUT (default ./gpu-results). One call does everything, to fit the device
-# time budget. Usage: tests/run-gpu.sh [all|tests|bench]
+# Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
+# device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
+# and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
+#   tests/run-gpu.sh [all|tests|bench|sweep]...      default: all = tests + bench
 set -uo pipefail
 
-what="${1:-all}"
 here="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-$here/gpu-results}"
+logs="$out/logs"
 build="${UNIFAB_GPU_BUILD_DIR:-$here/build-gpu}"
-mkdir -p "$out"
+mkdir -p "$logs"
+steps="${*:-all}"
+[ "$steps" = all ] && steps="tests bench"
+summary="$out/summary.txt"
+: >"$summary"
+say() { echo "$@" | tee -a "$summary"; }
 
 # The device API must match the runtime: use PyTorch's NCCL (2.28.9 here), never the system one.
 if [ -z "${NCCL_HOME:-}" ]; then
@@ -22,61 +28,90 @@ export NCCL_NVLS_ENABLE=0            # NVLink multicast is banned on these machi
 export NCCL_SOCKET_IFNAME=lo UNIFAB_SOCKET_IFNAME=lo
 
 {
-  echo "== machine"; date -u; nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
-  nvidia-smi topo -m 2>/dev/null | head -5
-  echo "NCCL_HOME=${NCCL_HOME:-unset}"; nproc
-} 2>&1 | tee "$out/machine.txt"
+  date -u
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+  nvidia-smi topo -m 2>/dev/null | sed -n 2,3p
+  echo "NCCL_HOME=${NCCL_HOME:-unset}, $(nproc) cores"
+} 2>&1 | tee -a "$summary"
 
-echo "== build"
 start=$(date +%s)
 cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  ${NCCL_HOME:+-DNCCL_HOME="$NCCL_HOME"} >"$out/build.log" 2>&1 &&
-  cmake --build "$build" -j "$(nproc)" >>"$out/build.log" 2>&1
+  ${NCCL_HOME:+-DNCCL_HOME="$NCCL_HOME"} >"$logs/build.log" 2>&1 &&
+  cmake --build "$build" -j "$(nproc)" >>"$logs/build.log" 2>&1
 status=$?
-echo "build: exit $status in $(( $(date +%s) - start )) s"; grep -E "unifab: (NCCL|CUDA)" "$out/build.log"
-if [ $status -ne 0 ]; then tail -40 "$out/build.log"; exit 1; fi
+say "build: exit $status in $(( $(date +%s) - start )) s; $(grep -E -o 'NCCL [0-9.]+ \(code [0-9]+\) from [^:]*' "$logs/build.log")"
+if [ $status -ne 0 ]; then tail -40 "$logs/build.log"; tar -czf "$out/logs.tar.gz" -C "$out" logs; rm -rf "$logs"; exit 1; fi
+bench="$build/tests/bench/unifab-bench"
 
 failed=0
-if [ "$what" = all ] || [ "$what" = tests ]; then
-  echo "== gpu tests"
-  (cd "$build" && ctest -L gpu --output-on-failure --timeout 1000) >"$out/ctest-gpu.log" 2>&1 || failed=1
-  tail -15 "$out/ctest-gpu.log"
-  cat "$build"/tests/gpu/nccl-debug.*.log 2>/dev/null | grep -E "unifab|Using network|via NET" | sort | uniq -c | sort -rn | head -20 >"$out/nccl-plugin-lines.txt"
-fi
-
-if [ "$what" = all ] || [ "$what" = bench ]; then
-  echo "== benchmarks"
-  bench="$build/tests/bench/unifab-bench"
-  "$bench" net --min 4K --max 64M >"$out/bench-net-loopback.txt" 2>&1; cat "$out/bench-net-loopback.txt"
-  run() {  # label, then unifab-bench coll arguments
-    local label=$1; shift
-    echo "-- $label"
-    "$bench" coll --op all_reduce --min 8 --max 256M --iters 30 --warmup 5 --csv "$out/allreduce-$label.csv" "$@" \
-      2>&1 | tee "$out/allreduce-$label.txt" | grep -E "^#|^ +(8|1048576|16777216|67108864|268435456) " || failed=1
-  }
-  run unifab --net unifab
-  run unifab-ncclTuner --net unifab --tuner none
-  run ncclSocket --net socket
-  NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 run ncclSocket-4x4 --net socket
-  run nvlink --net nvlink
-  echo "== all_reduce busbw (GB/s) by size"
-  python3 - "$out" <<'EOF'
-import csv, glob, os, sys
-out = sys.argv[1]
+coll() {  # label, then unifab-bench coll arguments; writes $logs/<label>.{txt,csv}
+  local label=$1; shift
+  "$bench" coll --csv "$logs/$label.csv" "$@" >"$logs/$label.txt" 2>&1 || { failed=1; say "FAILED: $label"; tail -5 "$logs/$label.txt"; }
+}
+table() {  # op, then labels: busbw and time per size side by side
+  python3 - "$logs" "$@" <<'EOF' | tee -a "$summary"
+import csv, os, sys
+logs, op, labels = sys.argv[1], sys.argv[2], sys.argv[3:]
 runs = {}
-for path in sorted(glob.glob(os.path.join(out, "allreduce-*.csv"))):
-    label = os.path.basename(path)[len("allreduce-"):-4]
-    with open(path) as f:
-        runs[label] = {int(r["bytes"]): (float(r["time_us"]), float(r["busbw_gbs"])) for r in csv.DictReader(f)}
-labels = [l for l in ["unifab", "unifab-ncclTuner", "ncclSocket", "ncclSocket-4x4", "nvlink"] if l in runs]
+for label in labels:
+    path = os.path.join(logs, label + ".csv")
+    if os.path.exists(path):
+        with open(path) as f:
+            runs[label] = {int(r["bytes"]): (float(r["time_us"]), float(r["busbw_gbs"])) for r in csv.DictReader(f)}
+labels = [l for l in labels if l in runs]
 sizes = sorted({s for r in runs.values() for s in r})
-print("%12s " % "bytes" + " ".join("%18s" % l for l in labels))
+print("%s: time (us) / busbw (GB/s), median of the slowest rank" % op)
+print("%11s " % "bytes" + "".join("%22s" % l for l in labels))
 for s in sizes:
-    print("%12d " % s + " ".join("%18s" % ("%.1fus %.2f" % runs[l][s] if s in runs[l] else "-") for l in labels))
-if "unifab" in runs and "ncclSocket" in runs and 67108864 in runs["unifab"] and 67108864 in runs["ncclSocket"]:
-    print("64 MiB all_reduce busbw: unifab %.2f GB/s vs NCCL Socket %.2f GB/s = %.2fx" % (
-        runs["unifab"][67108864][1], runs["ncclSocket"][67108864][1],
-        runs["unifab"][67108864][1] / runs["ncclSocket"][67108864][1]))
+    print("%11d " % s + "".join("%22s" % ("%.1f / %.2f" % runs[l][s] if s in runs[l] else "-") for l in labels))
 EOF
-fi
+}
+
+for step in $steps; do
+  case $step in
+  tests)
+    say "== gpu tests (ctest -L gpu)"
+    (cd "$build" && ctest -L gpu --output-on-failure --timeout 1000) >"$logs/ctest-gpu.log" 2>&1 || failed=1
+    grep -E "tests passed|Passed|Failed|\*\*\*" "$logs/ctest-gpu.log" | tee -a "$summary"
+    grep -h -E "passed, [0-9]+ failed" "$logs/ctest-gpu.log" | tee -a "$summary"
+    cat "$build"/tests/gpu/nccl-debug*.log 2>/dev/null | grep -o -E "(NET/Plugin: Loaded net plugin unifab.*|Using network unifab|TUNER/Plugin: Using unifab.*|via NET/unifab/[0-9]+)" |
+      sort | uniq -c | tee -a "$summary"
+    cp "$build"/tests/gpu/nccl-debug*.log "$logs/" 2>/dev/null
+    ;;
+  bench)
+    say "== unifab-bench net (loopback, no NCCL)"
+    "$bench" net --min 4K --max 64M >"$logs/net-loopback.txt" 2>&1 || failed=1
+    tee -a "$summary" <"$logs/net-loopback.txt"
+    say "== all_reduce, 2 GPUs, NET forced (P2P/SHM off) over loopback"
+    common=(--op all_reduce --min 4 --max 256M --factor 4 --iters 30 --warmup 5)
+    coll unifab --net unifab "${common[@]}"
+    coll unifab-nccltuner --net unifab --tuner none "${common[@]}"
+    coll ncclsocket --net socket "${common[@]}"
+    NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 coll ncclsocket-4x4 --net socket "${common[@]}"
+    coll nvlink --net nvlink "${common[@]}"
+    table all_reduce unifab unifab-nccltuner ncclsocket ncclsocket-4x4 nvlink
+    for op in all_gather reduce_scatter alltoall; do
+      coll "$op-unifab" --net unifab --op $op --min 1M --max 256M --factor 16 --iters 20
+      coll "$op-ncclsocket" --net socket --op $op --min 1M --max 256M --factor 16 --iters 20
+      table $op "$op-unifab" "$op-ncclsocket"
+    done
+    ;;
+  sweep)
+    say "== socket transport settings, all_reduce over unifab"
+    args=(--net unifab --op all_reduce --min 4 --max 256M --factor 16 --iters 20 --warmup 3)
+    labels=()
+    for streams in 2 4 8; do
+      for threads in 2 4 8; do
+        UNIFAB_SOCKET_NSTREAMS=$streams UNIFAB_SOCKET_NTHREADS=$threads coll "s${streams}t${threads}" "${args[@]}"
+        labels+=("s${streams}t${threads}")
+      done
+    done
+    UNIFAB_SOCKET_BUSY_POLL_US=0 coll "s4t4-nopoll" "${args[@]}"; labels+=(s4t4-nopoll)
+    UNIFAB_SOCKET_SPEED_MBPS=100000 coll "s4t4-100g" "${args[@]}"; labels+=(s4t4-100g)
+    table all_reduce "${labels[@]}"
+    ;;
+  *) echo "unknown step $step"; failed=1 ;;
+  esac
+done
+tar -czf "$out/logs.tar.gz" -C "$out" logs && rm -rf "$logs"
 exit $failed

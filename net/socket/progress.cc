@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 namespace unifab::net::socket {
@@ -20,7 +21,7 @@ std::weak_ptr<ProgressEngine> g_engine;
 
 }  // namespace
 
-Result ProgressEngine::acquire(int nThreads, std::shared_ptr<ProgressEngine>* engine) {
+Result ProgressEngine::acquire(int nThreads, int busyPollUs, std::shared_ptr<ProgressEngine>* engine) {
   std::lock_guard<std::mutex> lock(g_engineMutex);
   std::shared_ptr<ProgressEngine> existing = g_engine.lock();
   if (existing) {
@@ -28,13 +29,14 @@ Result ProgressEngine::acquire(int nThreads, std::shared_ptr<ProgressEngine>* en
     return unifabSuccess;
   }
   std::shared_ptr<ProgressEngine> created(new ProgressEngine());
-  UF_CHECK(created->start(nThreads));
+  UF_CHECK(created->start(nThreads, busyPollUs));
   g_engine = created;
   *engine = std::move(created);
   return unifabSuccess;
 }
 
-Result ProgressEngine::start(int nThreads) {
+Result ProgressEngine::start(int nThreads, int busyPollUs) {
+  busyPollUs_ = busyPollUs;
   for (int i = 0; i < nThreads; ++i) {
     auto worker = std::make_unique<Worker>();
     worker->epollFd = epoll_create1(EPOLL_CLOEXEC);
@@ -60,7 +62,8 @@ Result ProgressEngine::start(int nThreads) {
     Worker* raw = worker.get();
     worker->thread = std::thread([this, raw] { run(raw); });
   }
-  UF_INFO(kNet, kLogInit, "socket progress engine started with %d thread(s)", nThreads);
+  UF_INFO(kNet, kLogInit, "socket progress engine started with %d thread(s), busy polling %d us", nThreads,
+          busyPollUs);
   return unifabSuccess;
 }
 
@@ -136,8 +139,14 @@ void ProgressEngine::remove(StreamRegistration* registration) {
 void ProgressEngine::run(Worker* worker) {
   epoll_event events[kMaxEventsPerWait];
   std::vector<Removal> removals;
+  using Clock = std::chrono::steady_clock;
+  const auto pollWindow = std::chrono::microseconds(busyPollUs_);
+  auto lastActivity = Clock::now() - pollWindow;
   while (!stopping_.load(std::memory_order_acquire)) {
-    int count = epoll_wait(worker->epollFd, events, kMaxEventsPerWait, -1);
+    // Keep polling while traffic flows; sleep once the connection has been quiet for a while.
+    bool polling = busyPollUs_ > 0 && Clock::now() - lastActivity < pollWindow;
+    int count = epoll_wait(worker->epollFd, events, kMaxEventsPerWait, polling ? 0 : -1);
+    if (count > 0) lastActivity = Clock::now();
     if (count < 0) {
       if (errno == EINTR) continue;
       UF_WARN(kNet, "epoll_wait failed: %s; socket progress thread stops", strerror(errno));

@@ -292,7 +292,7 @@ Result SocketTransport::create(const SocketTransportOptions& options, std::uniqu
     return UF_ERROR(unifabSystemError, kNet, "no usable network interface (UNIFAB_SOCKET_IFNAME=\"%s\")",
                     options.ifname.c_str());
   }
-  UF_CHECK(ProgressEngine::acquire(options.nThreads, &created->engine_));
+  UF_CHECK(ProgressEngine::acquire(options.nThreads, options.busyPollUs, &created->engine_));
   for (size_t i = 0; i < created->interfaces_.size(); ++i) {
     const NetInterface& iface = created->interfaces_[i];
     UF_INFO(kNet, kLogInit, "device %zu: %s %s%s%s, %d stream(s) per connection", i, iface.name.c_str(),

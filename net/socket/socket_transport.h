@@ -17,6 +17,7 @@ struct SocketTransportOptions {
   SocketFamily family = SocketFamily::kAny;
   int nStreams = 4;
   int nThreads = 4;
+  int busyPollUs = 0;
   int speedMbps = 0;  // 0: per interface from sysfs, 10000 if unknown
   int64_t bufferBytes = 0;
   ConnectionOptions connection;

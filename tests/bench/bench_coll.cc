@@ -34,6 +34,7 @@ struct RankRun {
   Collective collective;
   size_t minBytes, maxBytes;
   int warmup, iters;
+  size_t factor;
   std::string csv;
   std::string label;
 };
@@ -62,7 +63,7 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
       if (csv != nullptr) fprintf(csv, "collective,ranks,net,bytes,time_us,p90_us,algbw_gbs,busbw_gbs,wrong\n");
     }
   }
-  for (size_t bytes = run.minBytes; bytes <= run.maxBytes; bytes *= 4) {
+  for (size_t bytes = run.minBytes; bytes <= run.maxBytes; bytes *= run.factor) {
     size_t sendCount = 0, recvCount = 0;
     if (!test::bufferCounts(run.collective, bytes, env.nRanks, &sendCount, &recvCount)) continue;
     uint32_t seed = static_cast<uint32_t>(bytes);
@@ -135,6 +136,7 @@ int runColl(Args& args, const char* self) {
   }
   run.minBytes = parseBytes(args.value("--min", "8"));
   run.maxBytes = parseBytes(args.value("--max", "256M"));
+  run.factor = parseBytes(args.value("--factor", "4"));
   run.warmup = atoi(args.value("--warmup", "5").c_str());
   run.iters = atoi(args.value("--iters", "30").c_str());
   run.csv = args.value("--csv", "");
@@ -145,11 +147,11 @@ int runColl(Args& args, const char* self) {
     fprintf(stderr, "unifab-bench coll: unknown argument '%s'\n", args.leftovers()[0].c_str());
     return 2;
   }
-  if (run.minBytes == 0 || run.maxBytes < run.minBytes || run.iters < 1 || run.warmup < 0) {
-    fprintf(stderr, "unifab-bench coll: need 0 < --min <= --max, --iters >= 1, --warmup >= 0\n");
+  if (run.minBytes == 0 || run.maxBytes < run.minBytes || run.factor < 2 || run.iters < 1 || run.warmup < 0) {
+    fprintf(stderr, "unifab-bench coll: need 0 < --min <= --max, --factor >= 2, --iters >= 1, --warmup >= 0\n");
     return 2;
   }
-  run.label = "net=" + net + (tuner.empty() ? "" : ",tuner=" + tuner);
+  run.label = "net=" + net + (tuner.empty() ? "" : "+tuner=" + tuner);
 
   test::RankEnvironment env = test::rankEnvironment();
   if (env.launched) return runRank(run, env) ? 0 : 1;

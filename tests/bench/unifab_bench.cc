@@ -15,7 +15,7 @@ void usage() {
       "usage: unifab-bench [net|coll] [options]\n"
       "  net   --min BYTES --max BYTES --window N --seconds S\n"
       "        bandwidth and latency of the ncclNet table over loopback (two comms, two threads)\n"
-      "  coll  --op all_reduce|all_gather|reduce_scatter|alltoall --min BYTES --max BYTES --iters N\n"
+      "  coll  --op all_reduce|all_gather|reduce_scatter|alltoall --min BYTES --max BYTES --factor F --iters N\n"
       "        --warmup N --nranks N --net unifab|socket|nvlink [--tuner none] [--csv FILE]\n"
       "        NCCL collectives, one process per GPU; --net unifab and socket force NCCL's NET path\n"
       "        (P2P and SHM off) over unifab's plugin or NCCL's internal Socket transport\n");
