@@ -1,5 +1,6 @@
 #include "net/transport.h"
 
+#include <algorithm>
 #include <mutex>
 #include <thread>
 
@@ -19,17 +20,18 @@ Result createSelected(std::shared_ptr<Transport>* transport) {
     options.ifname = p.socketIfname;
     options.family = p.socketFamily;
     options.nStreams = p.socketNStreams;
-    options.nThreads = p.socketNThreads;
+    unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    options.nThreads = p.socketNThreads > 0 ? p.socketNThreads : static_cast<int>(std::clamp(cores / 4, 1u, 8u));
     options.busyPollUs = p.socketBusyPollUs;
     if (options.busyPollUs < 0) {
       // Polling threads only pay off when they do not compete with the application for cores.
-      unsigned cores = std::thread::hardware_concurrency();
       options.busyPollUs = cores >= 4u * static_cast<unsigned>(options.nThreads) ? 100 : 0;
     }
     options.speedMbps = p.socketSpeedMbps;
     options.bufferBytes = p.socketBufferBytes;
     options.connection.maxRecvs = p.socketMaxRecvs;
     options.connection.chunkBytes = static_cast<size_t>(p.socketChunkBytes);
+    options.connection.inlineBytes = static_cast<size_t>(p.socketInlineBytes);
     std::unique_ptr<socket::SocketTransport> created;
     UF_CHECK(socket::SocketTransport::create(options, &created));
     *transport = std::move(created);

@@ -47,9 +47,10 @@ const std::vector<ParamEntry>& entries() {
       {{"UNIFAB_SOCKET_NSTREAMS", ParamType::kInt, "4", "1..16",
         "TCP streams per connection; large messages are striped over them"},
        1, 16, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.socketNStreams = static_cast<int>(v); }},
-      {{"UNIFAB_SOCKET_NTHREADS", ParamType::kInt, "4", "1..16",
-        "Progress threads per process driving all socket streams (epoll)"},
-       1, 16, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.socketNThreads = static_cast<int>(v); }},
+      {{"UNIFAB_SOCKET_NTHREADS", ParamType::kInt, "0", "0..16",
+        "Progress threads per process driving all socket streams (epoll); 0 (auto) is a quarter of "
+        "the cores, 1 to 8"},
+       0, 16, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.socketNThreads = static_cast<int>(v); }},
       {{"UNIFAB_SOCKET_BUSY_POLL_US", ParamType::kInt, "-1", "-1..1000000",
         "How long progress threads keep polling after traffic before sleeping; -1 (auto) is 100 us "
         "when the machine has at least 4 cores per progress thread of the job, else 0"},
@@ -59,6 +60,10 @@ const std::vector<ParamEntry>& entries() {
         "Smallest piece of a message sent on one stream; smaller messages use one stream"},
        4 * kKiB, 64 * kKiB * kKiB, nullptr,
        [](Params& p, int64_t v, double, const std::string&) { p.socketChunkBytes = v; }},
+      {{"UNIFAB_SOCKET_INLINE_BYTES", ParamType::kSize, "64K", "0 or 1K..1M",
+        "Payloads up to this size are moved by the thread that posts or tests the request (NCCL's "
+        "proxy) instead of a progress thread; 0 disables this"},
+       1024, 1 << 20, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.socketInlineBytes = v; }},
       {{"UNIFAB_SOCKET_MAX_RECVS", ParamType::kInt, "8", "1..8",
         "Buffers one grouped receive may carry (reported to NCCL as maxRecvs)"},
        1, 8, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.socketMaxRecvs = static_cast<int>(v); }},

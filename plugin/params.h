@@ -20,9 +20,10 @@ struct Params {
   std::string socketIfname;      // UNIFAB_SOCKET_IFNAME
   SocketFamily socketFamily;     // UNIFAB_SOCKET_FAMILY
   int socketNStreams;            // UNIFAB_SOCKET_NSTREAMS
-  int socketNThreads;            // UNIFAB_SOCKET_NTHREADS
+  int socketNThreads;            // UNIFAB_SOCKET_NTHREADS (0: decided by the transport)
   int socketBusyPollUs;          // UNIFAB_SOCKET_BUSY_POLL_US (-1: decided by the transport)
   int64_t socketChunkBytes;      // UNIFAB_SOCKET_CHUNK_BYTES
+  int64_t socketInlineBytes;     // UNIFAB_SOCKET_INLINE_BYTES
   int socketMaxRecvs;            // UNIFAB_SOCKET_MAX_RECVS
   int socketSpeedMbps;           // UNIFAB_SOCKET_SPEED_MBPS (0: read from sysfs)
   int64_t socketBufferBytes;     // UNIFAB_SOCKET_BUFFER_BYTES (0: kernel default)

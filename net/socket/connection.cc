@@ -86,7 +86,6 @@ StreamSet::~StreamSet() { stopStreams(); }
 
 Result StreamSet::start() {
   for (auto& registration : registrations_) UF_CHECK(engine_->add(registration.get()));
-  started_ = true;
   return unifabSuccess;
 }
 
@@ -130,6 +129,16 @@ Result registerHostMemory(void* data, size_t size, int type, MemoryRegion** regi
 
 // ---- send side -----------------------------------------------------------------------------
 
+namespace {
+
+// Streams a chunk travels on: a function of the receive and buffer it answers, so the receiver
+// knows where to look for a small message without being told.
+int streamOf(uint64_t sequence, uint32_t slot, size_t chunk, int streams) {
+  return static_cast<int>((sequence + slot + chunk) % static_cast<uint64_t>(streams));
+}
+
+}  // namespace
+
 SocketSendComm::SocketSendComm(std::shared_ptr<ProgressEngine> engine, std::vector<int> fds, std::string peer,
                                const ConnectionOptions& options)
     : StreamSet(std::move(engine), std::move(fds), std::move(peer)),
@@ -167,19 +176,26 @@ Result SocketSendComm::isend(const void* data, size_t size, int tag, MemoryRegio
     return UF_ERROR(unifabInvalidArgument, kNet, "isend range [%p, +%zu) lies outside its registration [%p, +%zu)",
                     data, size, region->base, region->size);
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (freeRequests_.empty()) return unifabSuccess;  // back-pressure: NCCL retries later
-  SendRequest* sendRequest = freeRequests_.back();
-  freeRequests_.pop_back();
-  sendRequest->data = static_cast<const char*>(data);
-  sendRequest->size = size;
-  sendRequest->tag = tag;
-  sendRequest->error.clear();
-  sendRequest->chunksLeft.store(0, std::memory_order_relaxed);
-  sendRequest->state.store(SendRequest::kWaiting, std::memory_order_release);
-  waiting_.push_back(sendRequest);
-  matchLocked();
+  SendRequest* sendRequest = nullptr;
+  uint32_t touched = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (freeRequests_.empty()) return unifabSuccess;  // back-pressure: NCCL retries later
+    sendRequest = freeRequests_.back();
+    freeRequests_.pop_back();
+    sendRequest->data = static_cast<const char*>(data);
+    sendRequest->size = size;
+    sendRequest->tag = tag;
+    sendRequest->error.clear();
+    sendRequest->chunksLeft.store(0, std::memory_order_relaxed);
+    sendRequest->state.store(SendRequest::kWaiting, std::memory_order_release);
+    waiting_.push_back(sendRequest);
+    touched = matchLocked();
+  }
   *request = sendRequest;
+  pumpStreams(touched, options_.inlineBytes);
+  // The announcement it waits for may already sit unread in stream 0.
+  if (sendRequest->state.load(std::memory_order_acquire) == SendRequest::kWaiting) pumpAnnouncements();
   return unifabSuccess;
 }
 
@@ -195,7 +211,8 @@ int SocketSendComm::findSlot(const Announced& announced, int tag) {
   return tagPosted ? -1 : -2;
 }
 
-void SocketSendComm::matchLocked() {
+uint32_t SocketSendComm::matchLocked() {
+  uint32_t touched = 0;
   while (!waiting_.empty() && !announced_.empty()) {
     Announced& head = announced_.front();
     uint32_t full = (1u << head.receive.count) - 1;
@@ -214,63 +231,78 @@ void SocketSendComm::matchLocked() {
         continue;
       }
       head.filled |= 1u << slot;
-      startMessageLocked(request, head.receive, static_cast<uint32_t>(slot));
+      touched |= startMessageLocked(request, head.receive, static_cast<uint32_t>(slot));
     }
-    if (head.filled != full) return;  // the rest wait for this receive's remaining buffers
+    if (head.filled != full) break;  // the rest wait for this receive's remaining buffers
     announced_.pop_front();
   }
+  return touched;
 }
 
-void SocketSendComm::startMessageLocked(SendRequest* request, const ClearToSend& receive, uint32_t slot) {
+uint32_t SocketSendComm::startMessageLocked(SendRequest* request, const ClearToSend& receive, uint32_t slot) {
   ChunkHeader header{};
   header.sequence = receive.sequence;
   header.slot = slot;
   header.messageBytes = request->size;
   uint64_t capacity = receive.slots[slot].capacity;
+  int nStreams = static_cast<int>(streams_.size());
   if (request->size > capacity) {
     // Tell the receiver (its request fails too), then fail locally without further references.
     header.flags = kChunkTruncated;
-    queueTaskLocked(static_cast<int>(rotor_++ % streams_.size()), Task{nullptr, header, nullptr, 0});
+    int stream = streamOf(receive.sequence, slot, 0, nStreams);
+    streams_[stream].queue.push_back(Task{nullptr, header, nullptr, 0});
     request->error = "message of " + std::to_string(request->size) + " bytes exceeds the peer's posted buffer of " +
                      std::to_string(capacity) + " bytes";
     request->state.store(SendRequest::kFailed, std::memory_order_release);
-    return;
+    return 1u << stream;
   }
-  size_t streamCountNow = streams_.size();
   // Each stream gets at most one chunk of a message, and no chunk is smaller than chunkBytes.
-  size_t chunk = std::max(options_.chunkBytes, roundUp((request->size + streamCountNow - 1) / streamCountNow, 4096));
+  size_t chunk = std::max(options_.chunkBytes, roundUp((request->size + streams_.size() - 1) / streams_.size(), 4096));
   size_t chunks = request->size == 0 ? 1 : (request->size + chunk - 1) / chunk;
   request->chunksLeft.store(static_cast<uint32_t>(chunks), std::memory_order_relaxed);
   request->state.store(SendRequest::kSending, std::memory_order_release);
+  uint32_t touched = 0;
   for (size_t i = 0; i < chunks; ++i) {
     header.offset = i * chunk;
-    header.length = std::min<uint64_t>(chunk, request->size - header.offset);
-    if (request->size == 0) header.length = 0;
-    int stream = static_cast<int>((rotor_ + i) % streamCountNow);
-    queueTaskLocked(stream, Task{request, header, request->data + header.offset, 0});
+    header.length = request->size == 0 ? 0 : std::min<uint64_t>(chunk, request->size - header.offset);
+    int stream = streamOf(receive.sequence, slot, i, nStreams);
+    streams_[stream].queue.push_back(Task{request, header, request->data + header.offset, 0});
+    touched |= 1u << stream;
   }
-  rotor_ += static_cast<unsigned>(chunks);
+  return touched;
 }
 
-void SocketSendComm::queueTaskLocked(int stream, const Task& task) {
-  Stream& target = streams_[stream];
-  target.queue.push_back(task);
-  if (!target.writeArmed) {
-    target.writeArmed = true;
-    armWrite(stream, true);
+void SocketSendComm::pumpStreams(uint32_t streams, size_t limit) {
+  for (int stream = 0; streams != 0; ++stream, streams >>= 1) {
+    if (streams & 1u) pumpWrites(stream, limit);
   }
 }
 
-void SocketSendComm::onWritable(int stream) {
+void SocketSendComm::pumpWrites(int stream, size_t limit) {
+  Stream& state = streams_[stream];
+  for (;;) {
+    std::unique_lock<std::mutex> writer(state.writer, std::try_to_lock);
+    if (!writer.owns_lock()) return;  // the holder re-checks the queue before it lets go
+    Drain outcome = drainWriter(stream, limit);
+    bool wantArm = outcome == Drain::kBlocked || outcome == Drain::kDeferred;
+    if (wantArm != state.armed && outcome != Drain::kFailed) {
+      state.armed = wantArm;
+      armWrite(stream, wantArm);
+    }
+    writer.unlock();
+    if (outcome != Drain::kEmpty) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state.queue.empty()) return;
+  }
+}
+
+SocketSendComm::Drain SocketSendComm::drainWriter(int stream, size_t limit) {
   Stream& state = streams_[stream];
   for (;;) {
     if (!state.busy) {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (state.queue.empty()) {
-        state.writeArmed = false;
-        armWrite(stream, false);
-        return;
-      }
+      if (state.queue.empty()) return Drain::kEmpty;
+      if (limit > 0 && state.queue.front().header.length > limit) return Drain::kDeferred;
       state.current = state.queue.front();
       state.queue.pop_front();
       state.busy = true;
@@ -278,32 +310,40 @@ void SocketSendComm::onWritable(int stream) {
     Task& task = state.current;
     int err = 0;
     Io io = writeSome(fd(stream), &task.header, sizeof(task.header), task.payload, task.header.length, &task.sent, &err);
-    if (io == Io::kWouldBlock) return;
+    if (io == Io::kWouldBlock) return Drain::kBlocked;
     if (io == Io::kError) {
       fail(err == EPIPE || err == ECONNRESET ? unifabRemoteError : unifabSystemError,
            std::string("send on stream ") + std::to_string(stream) + " failed: " + strerror(err));
       detach(stream);
-      return;
+      return Drain::kFailed;
     }
     state.busy = false;
-    if (task.request != nullptr &&
-        task.request->chunksLeft.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (task.request != nullptr && task.request->chunksLeft.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       task.request->state.store(SendRequest::kDone, std::memory_order_release);
     }
   }
 }
 
+void SocketSendComm::onWritable(int stream) { pumpWrites(stream, 0); }
+
 void SocketSendComm::onReadable(int stream) {
-  if (stream != 0) {
-    // Only stream 0 carries anything towards the sender; other streams report EOF or errors.
-    char probe;
-    ssize_t n = recv(fd(stream), &probe, 1, MSG_DONTWAIT | MSG_PEEK);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    fail(unifabRemoteError, n == 0 ? "the receiver closed the connection"
-                                   : n > 0 ? "unexpected data from the receiver" : strerror(errno));
-    detach(stream);
+  if (stream == 0) {
+    pumpAnnouncements();
     return;
   }
+  // Only stream 0 carries anything towards the sender; other streams report EOF or errors.
+  char probe;
+  ssize_t n = recv(fd(stream), &probe, 1, MSG_DONTWAIT | MSG_PEEK);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  fail(unifabRemoteError, n == 0 ? "the receiver closed the connection"
+                                 : n > 0 ? "unexpected data from the receiver" : strerror(errno));
+  detach(stream);
+}
+
+void SocketSendComm::pumpAnnouncements() {
+  std::unique_lock<std::mutex> reader(announcementReader_, std::try_to_lock);
+  if (!reader.owns_lock()) return;
+  uint32_t touched = 0;
   for (;;) {
     size_t got = 0;
     int err = 0;
@@ -314,9 +354,9 @@ void SocketSendComm::onReadable(int stream) {
       fail(unifabRemoteError, io == Io::kEof ? std::string("the receiver closed the connection")
                                              : std::string("receive on stream 0 failed: ") + strerror(err));
       detach(0);
-      return;
+      break;
     }
-    if (incomingBytes_ < sizeof(incoming_)) return;  // kWouldBlock with a partial message
+    if (incomingBytes_ < sizeof(incoming_)) break;  // kWouldBlock with a partial message
     incomingBytes_ = 0;
     if (incoming_.count < 1 || incoming_.count > static_cast<uint32_t>(options_.maxRecvs) ||
         incoming_.sequence != expectedSequence_) {
@@ -324,13 +364,15 @@ void SocketSendComm::onReadable(int stream) {
                                   std::to_string(incoming_.count) + " buffers, expected #" +
                                   std::to_string(expectedSequence_));
       detach(0);
-      return;
+      break;
     }
     ++expectedSequence_;
     std::lock_guard<std::mutex> lock(mutex_);
     announced_.push_back(Announced{incoming_, 0});
-    matchLocked();
+    touched |= matchLocked();
   }
+  reader.unlock();
+  pumpStreams(touched, options_.inlineBytes);
 }
 
 void SocketSendComm::releaseRequest(SendRequest* request) {
@@ -342,6 +384,10 @@ void SocketSendComm::releaseRequest(SendRequest* request) {
 Result SendRequest::test(bool* done, int* sizes) {
   *done = false;
   int current = state.load(std::memory_order_acquire);
+  if (current == kWaiting) {
+    comm->pumpAnnouncements();
+    current = state.load(std::memory_order_acquire);
+  }
   if (current == kDone) {
     *done = true;
     if (sizes != nullptr) sizes[0] = static_cast<int>(size);
@@ -399,29 +445,28 @@ Result SocketRecvComm::irecv(int n, void* const* data, const size_t* sizes, cons
   announcement.sequence = sequence;
   announcement.count = static_cast<uint32_t>(n);
   slot.count = n;
+  slot.totalCapacity = 0;
   slot.error.clear();
   slot.slotsDone.store(0, std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) {
     slot.buffers[i] = static_cast<char*>(data[i]);
     slot.capacity[i] = sizes[i];
+    slot.totalCapacity += sizes[i];
     slot.received[i].store(0, std::memory_order_relaxed);
     slot.messageBytes[i].store(0, std::memory_order_relaxed);
     announcement.slots[i].tag = tags[i];
     announcement.slots[i].capacity = sizes[i];
   }
   slot.state.store(RecvRequest::kPosted, std::memory_order_relaxed);
-  // Progress threads accept chunks for this slot only once they see its sequence.
+  // Readers accept chunks for this slot only once they see its sequence.
   slot.sequence.store(sequence, std::memory_order_release);
   ++nextSequence_;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     announcements_.push_back(announcement);
-    if (!writeArmed_) {
-      writeArmed_ = true;
-      armWrite(0, true);
-    }
   }
   *request = &slot;
+  pumpAnnouncements();
   return unifabSuccess;
 }
 
@@ -435,31 +480,51 @@ Result SocketRecvComm::iflush(int n, void* const* data, const int* sizes, Memory
   return unifabSuccess;
 }
 
-void SocketRecvComm::onWritable(int stream) {
+void SocketRecvComm::pumpAnnouncements() {
   for (;;) {
-    if (!announcing_) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (announcements_.empty()) {
-        writeArmed_ = false;
-        armWrite(stream, false);
+    std::unique_lock<std::mutex> writer(announcementWriter_, std::try_to_lock);
+    if (!writer.owns_lock()) return;  // the holder re-checks the queue before it lets go
+    bool drained = false;
+    bool blocked = false;
+    for (;;) {
+      if (!announcing_) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (announcements_.empty()) {
+          drained = true;
+          break;
+        }
+        current_ = announcements_.front();
+        announcements_.pop_front();
+        announcing_ = true;
+        currentSent_ = 0;
+      }
+      int err = 0;
+      Io io = writeSome(fd(0), &current_, sizeof(current_), nullptr, 0, &currentSent_, &err);
+      if (io == Io::kWouldBlock) {
+        blocked = true;
+        break;
+      }
+      if (io == Io::kError) {
+        fail(err == EPIPE || err == ECONNRESET ? unifabRemoteError : unifabSystemError,
+             std::string("announcing a receive failed: ") + strerror(err));
+        detach(0);
         return;
       }
-      current_ = announcements_.front();
-      announcements_.pop_front();
-      announcing_ = true;
-      currentSent_ = 0;
+      announcing_ = false;
     }
-    int err = 0;
-    Io io = writeSome(fd(stream), &current_, sizeof(current_), nullptr, 0, &currentSent_, &err);
-    if (io == Io::kWouldBlock) return;
-    if (io == Io::kError) {
-      fail(err == EPIPE || err == ECONNRESET ? unifabRemoteError : unifabSystemError,
-           std::string("announcing a receive failed: ") + strerror(err));
-      detach(stream);
-      return;
+    if (blocked != announcementArmed_) {
+      announcementArmed_ = blocked;
+      armWrite(0, blocked);
     }
-    announcing_ = false;
+    writer.unlock();
+    if (!drained) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (announcements_.empty()) return;
   }
+}
+
+void SocketRecvComm::onWritable(int stream) {
+  if (stream == 0) pumpAnnouncements();
 }
 
 bool SocketRecvComm::beginChunk(Stream& stream) {
@@ -479,7 +544,8 @@ bool SocketRecvComm::beginChunk(Stream& stream) {
     request.state.store(RecvRequest::kFailed, std::memory_order_release);
     return true;
   }
-  if (header.offset + header.length > request.capacity[header.slot] || header.messageBytes > request.capacity[header.slot]) {
+  if (header.offset + header.length > request.capacity[header.slot] ||
+      header.messageBytes > request.capacity[header.slot]) {
     fail(unifabRemoteError, "protocol error: chunk [" + std::to_string(header.offset) + ", +" +
                                 std::to_string(header.length) + ") overruns a buffer of " +
                                 std::to_string(request.capacity[header.slot]) + " bytes");
@@ -505,9 +571,12 @@ void SocketRecvComm::finishChunk(RecvRequest* request, uint32_t slot, uint64_t l
   }
 }
 
-void SocketRecvComm::onReadable(int index) {
+void SocketRecvComm::onReadable(int stream) { pumpReads(stream, 0); }
+
+void SocketRecvComm::pumpReads(int index, size_t limit) {
   Stream& stream = streams_[index];
-  if (stream.eof) return;
+  std::unique_lock<std::mutex> reader(stream.reader, std::try_to_lock);
+  if (!reader.owns_lock() || stream.eof) return;
   for (;;) {
     size_t got = 0;
     int err = 0;
@@ -525,6 +594,8 @@ void SocketRecvComm::onReadable(int index) {
         continue;
       }
     } else {
+      // A large payload is left to the progress thread; epoll keeps reporting the data.
+      if (limit > 0 && stream.header.length > limit) return;
       io = readSome(fd(index), stream.destination, stream.remaining, &got, &err);
       stream.destination += got;
       stream.remaining -= got;
@@ -566,6 +637,15 @@ void SocketRecvComm::onEndOfStream(int index) {
 Result RecvRequest::test(bool* done, int* sizes) {
   *done = false;
   int current = state.load(std::memory_order_acquire);
+  if (current == kPosted && totalCapacity <= comm->options_.inlineBytes && !comm->failed()) {
+    // Small messages arrive in one chunk on a known stream: read it here rather than wait for a
+    // progress thread to wake up.
+    uint64_t seq = sequence.load(std::memory_order_relaxed);
+    for (int slot = 0; slot < count; ++slot) {
+      comm->pumpReads(streamOf(seq, static_cast<uint32_t>(slot), 0, comm->streamCount()), comm->options_.inlineBytes);
+    }
+    current = state.load(std::memory_order_acquire);
+  }
   if (current == kDone) {
     *done = true;
     if (sizes != nullptr) {

@@ -1,4 +1,12 @@
 // Send and receive sides of one socket-transport connection (see wire.h for the protocol).
+//
+// Who does the socket I/O: every stream has a reader role and a writer role, each a mutex taken
+// with try_lock. The progress threads take them when epoll reports the socket ready; the thread
+// that posts or tests a request (NCCL's proxy thread) takes them too, for headers and payloads
+// up to `inlineBytes`, so small messages cross without waking another thread. A writer that
+// leaves work behind arms EPOLLOUT; one that drained its queue re-checks it after letting go, so
+// work queued by a thread that lost the try_lock race is never stranded. Reads need no such care:
+// epoll reports readable data until someone consumes it.
 #pragma once
 
 #include <sys/uio.h>
@@ -19,6 +27,7 @@ namespace unifab::net::socket {
 struct ConnectionOptions {
   int maxRecvs = kMaxGroupedRecvs;  // grouped receive limit announced to NCCL
   size_t chunkBytes = 128 * 1024;   // smallest striping unit
+  size_t inlineBytes = 64 * 1024;   // largest payload the posting/testing thread moves itself
 };
 
 // What both sides share: the streams, their registration with the progress engine, and the
@@ -33,13 +42,13 @@ class StreamSet : public StreamOwner {
   Result start();  // registers every stream with the progress engine
   int streamCount() const { return static_cast<int>(fds_.size()); }
   const std::string& peer() const { return peer_; }
+  bool failed() const { return failure_.load(std::memory_order_acquire) != unifabSuccess; }
+  // Reports the connection's failure as a fresh error of the caller's operation.
+  Result failureResult(const char* operation);
 
  protected:
   // Records the first failure of the connection (later ones are dropped).
   void fail(Result code, const std::string& message);
-  bool failed() const { return failure_.load(std::memory_order_acquire) != unifabSuccess; }
-  // Reports the connection's failure as a fresh error of the caller's operation.
-  Result failureResult(const char* operation);
   // Closes the streams: waits until no progress thread uses them, then closes the fds.
   void stopStreams();
   void armWrite(int stream, bool enabled) { engine_->setWriteInterest(registrations_[stream].get(), enabled); }
@@ -54,11 +63,9 @@ class StreamSet : public StreamOwner {
   std::atomic<int> failure_{unifabSuccess};
   std::mutex failureMutex_;
   std::string failureMessage_;
-  bool started_ = false;
 };
 
-// Pool-allocated memory registration shared by both sides: the socket transport needs nothing
-// but a record of the range.
+// Registration record shared by both sides: the socket transport needs nothing but the range.
 Result registerHostMemory(void* data, size_t size, int type, MemoryRegion** region);
 
 class SocketSendComm;
@@ -98,8 +105,8 @@ class SocketSendComm final : public SendComm, public StreamSet {
   };
   struct Stream {
     std::deque<Task> queue;  // guarded by mutex_
-    bool writeArmed = false; // guarded by mutex_
-    // Progress-thread state:
+    std::mutex writer;       // the writer role; guards the fields below
+    bool armed = false;
     bool busy = false;
     Task current{};
   };
@@ -107,24 +114,32 @@ class SocketSendComm final : public SendComm, public StreamSet {
     ClearToSend receive;
     uint32_t filled;  // bit per slot already matched to a send
   };
+  enum class Drain { kEmpty, kBlocked, kDeferred, kFailed };
 
-  void matchLocked();
+  // Matches waiting sends to announced receives; returns the streams that got new chunks.
+  uint32_t matchLocked();
   // Slot of `announced` the request fills, or -1 to wait for a later receive, or -2 if the
   // grouped receive has no buffer with this tag at all (a usage error).
   static int findSlot(const Announced& announced, int tag);
-  void startMessageLocked(SendRequest* request, const ClearToSend& receive, uint32_t slot);
-  void queueTaskLocked(int stream, const Task& task);
+  uint32_t startMessageLocked(SendRequest* request, const ClearToSend& receive, uint32_t slot);
+  // Writes queued chunks of `stream` if this thread can take the writer role. `limit` > 0 leaves
+  // payloads above `limit` bytes to the progress thread.
+  void pumpWrites(int stream, size_t limit);
+  void pumpStreams(uint32_t streams, size_t limit);
+  Drain drainWriter(int stream, size_t limit);
+  // Reads announcements from stream 0 if this thread can take its reader role.
+  void pumpAnnouncements();
   void releaseRequest(SendRequest* request);
 
   ConnectionOptions options_;
-  std::mutex mutex_;
+  std::mutex mutex_;  // guards the request pool, waiting_, announced_ and the stream queues
   std::vector<SendRequest> requests_;
   std::vector<SendRequest*> freeRequests_;
-  std::deque<SendRequest*> waiting_;   // posted, not yet matched to a receive
-  std::deque<Announced> announced_;    // receives the peer announced, oldest first
+  std::deque<SendRequest*> waiting_;  // posted, not yet matched to a receive
+  std::deque<Announced> announced_;   // receives the peer announced, oldest first
   std::vector<Stream> streams_;
-  unsigned rotor_ = 0;
-  // Stream-0 thread state for reading ClearToSend messages.
+  // Stream 0's reader role and its partial announcement.
+  std::mutex announcementReader_;
   ClearToSend incoming_{};
   size_t incomingBytes_ = 0;
   uint64_t expectedSequence_ = 0;
@@ -136,6 +151,7 @@ struct RecvRequest final : Request {
   enum State : int { kFree, kPosted, kDone, kFailed };
   SocketRecvComm* comm = nullptr;
   int count = 0;
+  size_t totalCapacity = 0;
   char* buffers[kMaxGroupedRecvs] = {};
   uint64_t capacity[kMaxGroupedRecvs] = {};
   std::atomic<uint64_t> sequence{~0ULL};
@@ -165,7 +181,7 @@ class SocketRecvComm final : public RecvComm, public StreamSet {
  private:
   friend struct RecvRequest;
   struct Stream {
-    // Progress-thread state of the chunk being read.
+    std::mutex reader;  // the reader role; guards the fields below
     ChunkHeader header{};
     size_t headerBytes = 0;
     RecvRequest* target = nullptr;
@@ -175,21 +191,26 @@ class SocketRecvComm final : public RecvComm, public StreamSet {
     bool eof = false;
   };
 
+  // Reads chunks of `stream` if this thread can take the reader role; `limit` > 0 stops before
+  // a payload larger than `limit`, leaving it to the progress thread.
+  void pumpReads(int stream, size_t limit);
   // Validates a complete chunk header; false (with the connection failed) on a protocol error.
   bool beginChunk(Stream& stream);
   void finishChunk(RecvRequest* request, uint32_t slot, uint64_t length);
   void onEndOfStream(int stream);
+  // Writes queued announcements on stream 0 if this thread can take its writer role.
+  void pumpAnnouncements();
 
   ConnectionOptions options_;
   std::vector<RecvRequest> requests_;  // ring indexed by sequence % kMaxRequestsPerComm
-  uint64_t nextSequence_ = 0;          // proxy thread only
+  uint64_t nextSequence_ = 0;          // the posting thread only
   std::vector<Stream> streams_;
   std::atomic<int> streamsAtEof_{0};
-  // ClearToSend messages waiting for stream 0, guarded by mutex_.
-  std::mutex mutex_;
+  std::mutex mutex_;  // guards announcements_
   std::deque<ClearToSend> announcements_;
-  bool writeArmed_ = false;
-  // Stream-0 thread state of the announcement being written.
+  // Stream 0's writer role and the announcement being written.
+  std::mutex announcementWriter_;
+  bool announcementArmed_ = false;
   bool announcing_ = false;
   ClearToSend current_{};
   size_t currentSent_ = 0;

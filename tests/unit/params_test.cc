@@ -28,8 +28,10 @@ TEST(Params, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(p.socketIfname, "");
   EXPECT_EQ(p.socketFamily, unifab::SocketFamily::kAny);
   EXPECT_EQ(p.socketNStreams, 4);
-  EXPECT_EQ(p.socketNThreads, 4);
+  EXPECT_EQ(p.socketNThreads, 0);
+  EXPECT_EQ(p.socketBusyPollUs, -1);
   EXPECT_EQ(p.socketChunkBytes, 128 * 1024);
+  EXPECT_EQ(p.socketInlineBytes, 64 * 1024);
   EXPECT_EQ(p.socketMaxRecvs, 8);
   EXPECT_EQ(p.socketSpeedMbps, 0);
   EXPECT_EQ(p.socketBufferBytes, 0);
@@ -72,7 +74,7 @@ TEST(Params, BadValuesWarnWithNameAndBoundsAndKeepTheDefault) {
                         {"UNIFAB_NET_TRANSPORT", "carrier-pigeon"},
                         {"UNIFAB_TUNER_NET_GBPS", "-3"}});
   EXPECT_EQ(p.socketNStreams, 4);
-  EXPECT_EQ(p.socketNThreads, 4);
+  EXPECT_EQ(p.socketNThreads, 0);
   EXPECT_EQ(p.socketChunkBytes, 128 * 1024);
   EXPECT_FALSE(p.netDisable);
   EXPECT_EQ(p.netTransport, "socket");
