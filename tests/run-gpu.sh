@@ -2,7 +2,10 @@
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
 # and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
-#   tests/run-gpu.sh [all|tests|bench|sweep]...      default: all = tests + bench
+#   tests/run-gpu.sh [tests] [bench] [sweep]        default: tests bench
+# The machines are shared virtual machines whose loopback TCP speed changes from minute to
+# minute, so every comparison runs its contenders interleaved, several times, and reports the
+# median over the repetitions.
 set -uo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -10,8 +13,7 @@ out="${OUT:-$here/gpu-results}"
 logs="$out/logs"
 build="${UNIFAB_GPU_BUILD_DIR:-$here/build-gpu}"
 mkdir -p "$logs"
-steps="${*:-all}"
-[ "$steps" = all ] && steps="tests bench"
+steps="${*:-tests bench}"
 summary="$out/summary.txt"
 : >"$summary"
 say() { echo "$@" | tee -a "$summary"; }
@@ -42,29 +44,39 @@ status=$?
 say "build: exit $status in $(( $(date +%s) - start )) s; $(grep -E -o 'NCCL [0-9.]+ \(code [0-9]+\) from [^:]*' "$logs/build.log")"
 if [ $status -ne 0 ]; then tail -40 "$logs/build.log"; tar -czf "$out/logs.tar.gz" -C "$out" logs; rm -rf "$logs"; exit 1; fi
 bench="$build/tests/bench/unifab-bench"
-
 failed=0
-coll() {  # label, then unifab-bench coll arguments; writes $logs/<label>.{txt,csv}
-  local label=$1; shift
-  "$bench" coll --csv "$logs/$label.csv" "$@" >"$logs/$label.txt" 2>&1 || { failed=1; say "FAILED: $label"; tail -5 "$logs/$label.txt"; }
+
+# table DESCRIPTION LABEL...: per-size median over the repetitions of each label's runs.
+table() {
+  python3 "$here/tests/bench/median_table.py" "$logs" "$@" | tee -a "$summary"
 }
-table() {  # op, then labels: busbw and time per size side by side
-  python3 - "$logs" "$@" <<'EOF' | tee -a "$summary"
-import csv, os, sys
-logs, op, labels = sys.argv[1], sys.argv[2], sys.argv[3:]
-runs = {}
-for label in labels:
-    path = os.path.join(logs, label + ".csv")
-    if os.path.exists(path):
-        with open(path) as f:
-            runs[label] = {int(r["bytes"]): (float(r["time_us"]), float(r["busbw_gbs"])) for r in csv.DictReader(f)}
-labels = [l for l in labels if l in runs]
-sizes = sorted({s for r in runs.values() for s in r})
-print("%s: time (us) / busbw (GB/s), median of the slowest rank" % op)
-print("%11s " % "bytes" + "".join("%22s" % l for l in labels))
-for s in sizes:
-    print("%11d " % s + "".join("%22s" % ("%.1f / %.2f" % runs[l][s] if s in runs[l] else "-") for l in labels))
-EOF
+
+# compare REPS "COMMON ARGS" -- LABEL [NAME=VALUE|ARG]... -- LABEL ...
+# Runs every label REPS times, interleaved, with its environment settings and arguments.
+compare() {
+  local reps=$1 common=$2
+  shift 2
+  local specs=() labels=() spec=""
+  for item in "$@" --; do
+    if [ "$item" = "--" ]; then
+      [ -n "$spec" ] && specs+=("$spec") && labels+=("${spec%% *}")
+      spec=""
+    else
+      spec="${spec:+$spec }$item"
+    fi
+  done
+  for rep in $(seq 1 "$reps"); do
+    for spec in "${specs[@]}"; do
+      local words=($spec) envs=() args=()
+      local label=${words[0]}
+      for item in "${words[@]:1}"; do
+        case $item in *=*) envs+=("$item") ;; *) args+=("$item") ;; esac
+      done
+      env "${envs[@]}" "$bench" coll $common "${args[@]}" --csv "$logs/$label.rep$rep.csv" \
+        >"$logs/$label.rep$rep.txt" 2>&1 || { failed=1; say "FAILED: $label rep $rep"; tail -5 "$logs/$label.rep$rep.txt"; }
+    done
+  done
+  table "$common" "${labels[@]}"
 }
 
 for step in $steps; do
@@ -74,7 +86,8 @@ for step in $steps; do
     (cd "$build" && ctest -L gpu --output-on-failure --timeout 1000) >"$logs/ctest-gpu.log" 2>&1 || failed=1
     grep -E "tests passed|Passed|Failed|\*\*\*" "$logs/ctest-gpu.log" | tee -a "$summary"
     grep -h -E "passed, [0-9]+ failed" "$logs/ctest-gpu.log" | tee -a "$summary"
-    cat "$build"/tests/gpu/nccl-debug*.log 2>/dev/null | grep -o -E "(NET/Plugin: Loaded net plugin unifab.*|Using network unifab|TUNER/Plugin: Using unifab.*|via NET/unifab/[0-9]+)" |
+    cat "$build"/tests/gpu/nccl-debug*.log 2>/dev/null |
+      grep -o -E "(NET/Plugin: Loaded net plugin unifab.*|Using network unifab|TUNER/Plugin: Using unifab.*|via NET/unifab/[0-9]+)" |
       sort | uniq -c | tee -a "$summary"
     cp "$build"/tests/gpu/nccl-debug*.log "$logs/" 2>/dev/null
     ;;
@@ -83,32 +96,23 @@ for step in $steps; do
     "$bench" net --min 4K --max 64M >"$logs/net-loopback.txt" 2>&1 || failed=1
     tee -a "$summary" <"$logs/net-loopback.txt"
     say "== all_reduce, 2 GPUs, NET forced (P2P/SHM off) over loopback"
-    common=(--op all_reduce --min 4 --max 256M --factor 4 --iters 30 --warmup 5)
-    coll unifab --net unifab "${common[@]}"
-    coll unifab-nccltuner --net unifab --tuner none "${common[@]}"
-    coll ncclsocket --net socket "${common[@]}"
-    NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 coll ncclsocket-4x4 --net socket "${common[@]}"
-    coll nvlink --net nvlink "${common[@]}"
-    table all_reduce unifab unifab-nccltuner ncclsocket ncclsocket-4x4 nvlink
+    compare 3 "--op all_reduce --min 4 --max 256M --factor 4 --iters 30 --warmup 5" \
+      -- unifab --net unifab -- unifab-nccltuner --net unifab --tuner none \
+      -- ncclsocket --net socket -- ncclsocket-4x4 --net socket NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+    compare 1 "--op all_reduce --min 4 --max 256M --factor 4 --iters 30 --warmup 5" -- nvlink --net nvlink
     for op in all_gather reduce_scatter alltoall; do
-      coll "$op-unifab" --net unifab --op $op --min 1M --max 256M --factor 16 --iters 20
-      coll "$op-ncclsocket" --net socket --op $op --min 1M --max 256M --factor 16 --iters 20
-      table $op "$op-unifab" "$op-ncclsocket"
+      compare 2 "--op $op --min 1M --max 256M --factor 16 --iters 20" \
+        -- "$op-unifab" --net unifab -- "$op-ncclsocket" --net socket
     done
     ;;
   sweep)
     say "== socket transport settings, all_reduce over unifab"
-    args=(--net unifab --op all_reduce --min 4 --max 256M --factor 16 --iters 20 --warmup 3)
-    labels=()
-    for streams in 2 4 8; do
-      for threads in 2 4 8; do
-        UNIFAB_SOCKET_NSTREAMS=$streams UNIFAB_SOCKET_NTHREADS=$threads coll "s${streams}t${threads}" "${args[@]}"
-        labels+=("s${streams}t${threads}")
-      done
-    done
-    UNIFAB_SOCKET_BUSY_POLL_US=0 coll "s4t4-nopoll" "${args[@]}"; labels+=(s4t4-nopoll)
-    UNIFAB_SOCKET_SPEED_MBPS=100000 coll "s4t4-100g" "${args[@]}"; labels+=(s4t4-100g)
-    table all_reduce "${labels[@]}"
+    compare 3 "--net unifab --op all_reduce --min 4 --max 64M --factor 16 --iters 20 --warmup 3" \
+      -- auto -- t4 UNIFAB_SOCKET_NTHREADS=4 -- t4-nopoll UNIFAB_SOCKET_NTHREADS=4 UNIFAB_SOCKET_BUSY_POLL_US=0 \
+      -- t2-nopoll UNIFAB_SOCKET_NTHREADS=2 UNIFAB_SOCKET_BUSY_POLL_US=0 \
+      -- t4-chunk512k UNIFAB_SOCKET_NTHREADS=4 UNIFAB_SOCKET_CHUNK_BYTES=512K \
+      -- t8-nopoll UNIFAB_SOCKET_BUSY_POLL_US=0 -- s2t4 UNIFAB_SOCKET_NSTREAMS=2 UNIFAB_SOCKET_NTHREADS=4 \
+      -- t4-buf4m UNIFAB_SOCKET_NTHREADS=4 UNIFAB_SOCKET_BUFFER_BYTES=4M
     ;;
   *) echo "unknown step $step"; failed=1 ;;
   esac
