@@ -623,6 +623,36 @@ TEST(NetThreads, TwoContextsOnTwoThreads) {
   EXPECT_EQ(net->finalize(ctxB), ncclSuccess);
 }
 
+TEST(NetSelection, InterfaceChosenByTheEnvironment) {
+  const char* spec = getenv("UNIFAB_SOCKET_IFNAME");
+  if (spec == nullptr) GTEST_SKIP() << "UNIFAB_SOCKET_IFNAME is not set";
+  NetPlugin plugin;
+  std::string error;
+  ASSERT_TRUE(plugin.load(libraryPath(), &error)) << error;
+  const ncclNet_v11_t* net = plugin.table();
+  clearCapturedWarnings();
+  void* ctx = nullptr;
+  ncclResult_t result = net->init(&ctx, 9, nullptr, captureLogger, nullptr);
+  if (std::string(spec) == "lo") {
+    ASSERT_EQ(result, ncclSuccess);
+    ncclNetProperties_v11_t props;
+    ASSERT_EQ(net->getProperties(0, &props), ncclSuccess);
+    EXPECT_STREQ(props.name, "lo");
+    EXPECT_EQ(props.pciPath, nullptr) << "loopback is no PCI device";
+    EXPECT_EQ(props.speed, 10000) << "no sysfs speed: NCCL's 10 Gb/s default";
+    EXPECT_EQ(net->finalize(ctx), ncclSuccess);
+    return;
+  }
+  // NCCL finalizes a context whose init failed; the plugin must tolerate that.
+  EXPECT_NE(result, ncclSuccess) << "init must fail when no interface matches";
+  bool explained = false;
+  for (const std::string& warning : capturedWarnings()) {
+    explained = explained || warning.find("UNIFAB_SOCKET_IFNAME") != std::string::npos;
+  }
+  EXPECT_TRUE(explained) << "the warning must name the variable";
+  EXPECT_EQ(net->finalize(ctx), ncclSuccess);
+}
+
 // ---- two processes -----------------------------------------------------------------------
 
 // A net_peer child process with its stdout on a pipe.
