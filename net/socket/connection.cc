@@ -13,13 +13,16 @@ namespace {
 
 enum class Io { kDone, kWouldBlock, kEof, kError };
 
-// Reads up to `length` bytes; `*got` is what arrived. kDone means the kernel gave everything asked.
+// Reads up to `length` bytes; `*got` is what arrived. kDone means the kernel gave everything asked;
+// kWouldBlock that it has nothing more right now. A short read already says so, which saves the
+// system call that would only return EAGAIN (epoll reports any data that arrives later).
 Io readSome(int fd, void* buffer, size_t length, size_t* got, int* err) {
   *got = 0;
   while (*got < length) {
     ssize_t n = recv(fd, static_cast<char*>(buffer) + *got, length - *got, MSG_DONTWAIT);
     if (n > 0) {
       *got += static_cast<size_t>(n);
+      if (*got < length) return Io::kWouldBlock;
       continue;
     }
     if (n == 0) return Io::kEof;
@@ -54,7 +57,10 @@ Io writeSome(int fd, const void* head, size_t headLength, const void* body, size
     message.msg_iovlen = static_cast<size_t>(count);
     ssize_t n = sendmsg(fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n >= 0) {
+      size_t asked = parts[0].iov_len + (count > 1 ? parts[1].iov_len : 0);
       *sent += static_cast<size_t>(n);
+      // A short write means the socket buffer is full: EPOLLOUT says when to go on.
+      if (static_cast<size_t>(n) < asked) return Io::kWouldBlock;
       continue;
     }
     if (errno == EINTR) continue;
@@ -573,27 +579,48 @@ void SocketRecvComm::finishChunk(RecvRequest* request, uint32_t slot, uint64_t l
 
 void SocketRecvComm::onReadable(int stream) { pumpReads(stream, 0); }
 
+bool SocketRecvComm::consumeStaged(Stream& stream) {
+  char* staging = stream.staging.get();
+  while (stream.stagedBegin < stream.stagedEnd) {
+    size_t staged = stream.stagedEnd - stream.stagedBegin;
+    if (!stream.inPayload) {
+      if (staged < sizeof(ChunkHeader)) break;  // a partial header waits for the rest
+      memcpy(&stream.header, staging + stream.stagedBegin, sizeof(ChunkHeader));
+      stream.stagedBegin += sizeof(ChunkHeader);
+      if (!beginChunk(stream)) return false;
+      continue;
+    }
+    size_t take = static_cast<size_t>(std::min<uint64_t>(stream.remaining, staged));
+    memcpy(stream.destination, staging + stream.stagedBegin, take);
+    stream.destination += take;
+    stream.remaining -= take;
+    stream.stagedBegin += take;
+    if (stream.remaining == 0) {
+      stream.inPayload = false;
+      finishChunk(stream.target, stream.header.slot, stream.header.length);
+    }
+  }
+  // Keep a partial header at the front so the next read completes it.
+  size_t left = stream.stagedEnd - stream.stagedBegin;
+  if (left > 0 && stream.stagedBegin > 0) memmove(staging, staging + stream.stagedBegin, left);
+  stream.stagedBegin = 0;
+  stream.stagedEnd = left;
+  return true;
+}
+
 void SocketRecvComm::pumpReads(int index, size_t limit) {
   Stream& stream = streams_[index];
   std::unique_lock<std::mutex> reader(stream.reader, std::try_to_lock);
   if (!reader.owns_lock() || stream.eof) return;
   for (;;) {
+    if (!consumeStaged(stream)) {
+      detach(index);
+      return;
+    }
     size_t got = 0;
     int err = 0;
     Io io;
-    if (!stream.inPayload) {
-      io = readSome(fd(index), reinterpret_cast<char*>(&stream.header) + stream.headerBytes,
-                    sizeof(ChunkHeader) - stream.headerBytes, &got, &err);
-      stream.headerBytes += got;
-      if (stream.headerBytes == sizeof(ChunkHeader)) {
-        stream.headerBytes = 0;
-        if (!beginChunk(stream)) {
-          detach(index);
-          return;
-        }
-        continue;
-      }
-    } else {
+    if (stream.inPayload && stream.remaining > kStagingBytes) {
       // A large payload is left to the progress thread; epoll keeps reporting the data.
       if (limit > 0 && stream.header.length > limit) return;
       io = readSome(fd(index), stream.destination, stream.remaining, &got, &err);
@@ -602,20 +629,26 @@ void SocketRecvComm::pumpReads(int index, size_t limit) {
       if (stream.remaining == 0) {
         stream.inPayload = false;
         finishChunk(stream.target, stream.header.slot, stream.header.length);
-        continue;
       }
+    } else {
+      io = readSome(fd(index), stream.staging.get() + stream.stagedEnd, kStagingBytes - stream.stagedEnd, &got, &err);
+      stream.stagedEnd += got;
+    }
+    if (io == Io::kDone) continue;
+    // Whatever arrived before the socket ran dry, ended or failed is placed first.
+    if (!consumeStaged(stream)) {
+      detach(index);
+      return;
     }
     if (io == Io::kWouldBlock) return;
     if (io == Io::kEof) {
       onEndOfStream(index);
       return;
     }
-    if (io == Io::kError) {
-      fail(err == ECONNRESET ? unifabRemoteError : unifabSystemError,
-           std::string("receive on stream ") + std::to_string(index) + " failed: " + strerror(err));
-      detach(index);
-      return;
-    }
+    fail(err == ECONNRESET ? unifabRemoteError : unifabSystemError,
+         std::string("receive on stream ") + std::to_string(index) + " failed: " + strerror(err));
+    detach(index);
+    return;
   }
 }
 
@@ -623,7 +656,7 @@ void SocketRecvComm::onEndOfStream(int index) {
   Stream& stream = streams_[index];
   stream.eof = true;
   detach(index);
-  if (stream.inPayload || stream.headerBytes != 0) {
+  if (stream.inPayload || stream.stagedEnd != stream.stagedBegin) {
     fail(unifabRemoteError, "the sender closed the connection in the middle of a message");
     return;
   }

@@ -180,20 +180,28 @@ class SocketRecvComm final : public RecvComm, public StreamSet {
 
  private:
   friend struct RecvRequest;
+  // Headers and small payloads are read in one system call into `staging`, then copied into
+  // place; payloads larger than the staging area are received straight into the posted buffer.
+  static constexpr size_t kStagingBytes = 8192;
   struct Stream {
     std::mutex reader;  // the reader role; guards the fields below
     ChunkHeader header{};
-    size_t headerBytes = 0;
     RecvRequest* target = nullptr;
     char* destination = nullptr;
     uint64_t remaining = 0;
     bool inPayload = false;
     bool eof = false;
+    std::unique_ptr<char[]> staging{new char[kStagingBytes]};
+    size_t stagedBegin = 0;
+    size_t stagedEnd = 0;
   };
 
   // Reads chunks of `stream` if this thread can take the reader role; `limit` > 0 stops before
-  // a payload larger than `limit`, leaving it to the progress thread.
+  // receiving a payload larger than `limit`, leaving it to the progress thread.
   void pumpReads(int stream, size_t limit);
+  // Places the staged bytes: headers start chunks, payload bytes go to their destination.
+  // False (with the connection failed) on a protocol error.
+  bool consumeStaged(Stream& stream);
   // Validates a complete chunk header; false (with the connection failed) on a protocol error.
   bool beginChunk(Stream& stream);
   void finishChunk(RecvRequest* request, uint32_t slot, uint64_t length);

@@ -22,6 +22,7 @@ struct Options {
   size_t maxBytes = size_t{256} << 20;
   bool expectPlugin = false;
   int rounds = 2;
+  std::string only;  // one collective, e.g. for NCCL_ALGO=Tree which only all_reduce has
 };
 
 bool parse(int argc, char** argv, Options* options) {
@@ -33,8 +34,10 @@ bool parse(int argc, char** argv, Options* options) {
       options->maxBytes = strtoull(argv[++i], nullptr, 0);
     } else if (arg == "--rounds" && i + 1 < argc) {
       options->rounds = atoi(argv[++i]);
+    } else if (arg == "--only" && i + 1 < argc) {
+      options->only = argv[++i];
     } else {
-      fprintf(stderr, "usage: %s [--expect-plugin] [--max-bytes N] [--rounds N]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--expect-plugin] [--max-bytes N] [--rounds N] [--only COLLECTIVE]\n", argv[0]);
       return false;
     }
   }
@@ -118,6 +121,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     for (int c = 0; c < static_cast<int>(Collective::kCount); ++c) {
+      if (!options.only.empty() && options.only != collectiveName(static_cast<Collective>(c))) continue;
       for (size_t bytes = options.minBytes; bytes <= options.maxBytes; bytes *= 2) {
         if (!checkOne(session, static_cast<Collective>(c), bytes, options.rounds, send, recv, mismatches, &passed,
                       &failed)) {
