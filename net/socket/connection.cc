@@ -472,7 +472,13 @@ Result SocketRecvComm::irecv(int n, void* const* data, const size_t* sizes, cons
     announcements_.push_back(announcement);
   }
   *request = &slot;
-  pumpAnnouncements();
+  // Polling progress threads send the announcement at no cost to NCCL's proxy thread; sleeping
+  // ones would first have to be woken, which costs more than writing it here.
+  if (progressThreadsPoll()) {
+    requestWrite(0);
+  } else {
+    pumpAnnouncements();
+  }
   return unifabSuccess;
 }
 
@@ -493,19 +499,20 @@ void SocketRecvComm::pumpAnnouncements() {
     bool drained = false;
     bool blocked = false;
     for (;;) {
-      if (!announcing_) {
+      if (outgoingCount_ == 0) {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (announcements_.empty()) {
+        while (outgoingCount_ < kAnnouncementBatch && !announcements_.empty()) {
+          outgoing_[outgoingCount_++] = announcements_.front();
+          announcements_.pop_front();
+        }
+        outgoingSent_ = 0;
+        if (outgoingCount_ == 0) {
           drained = true;
           break;
         }
-        current_ = announcements_.front();
-        announcements_.pop_front();
-        announcing_ = true;
-        currentSent_ = 0;
       }
       int err = 0;
-      Io io = writeSome(fd(0), &current_, sizeof(current_), nullptr, 0, &currentSent_, &err);
+      Io io = writeSome(fd(0), outgoing_, outgoingCount_ * sizeof(ClearToSend), nullptr, 0, &outgoingSent_, &err);
       if (io == Io::kWouldBlock) {
         blocked = true;
         break;
@@ -516,7 +523,7 @@ void SocketRecvComm::pumpAnnouncements() {
         detach(0);
         return;
       }
-      announcing_ = false;
+      outgoingCount_ = 0;
     }
     if (blocked != announcementArmed_) {
       announcementArmed_ = blocked;

@@ -53,6 +53,8 @@ class StreamSet : public StreamOwner {
   void stopStreams();
   void armWrite(int stream, bool enabled) { engine_->setWriteInterest(registrations_[stream].get(), enabled); }
   void detach(int stream) { engine_->detach(registrations_[stream].get()); }
+  void requestWrite(int stream) { engine_->requestWrite(registrations_[stream].get()); }
+  bool progressThreadsPoll() const { return engine_->polls(); }
   int fd(int stream) const { return fds_[stream]; }
 
  private:
@@ -216,12 +218,13 @@ class SocketRecvComm final : public RecvComm, public StreamSet {
   std::atomic<int> streamsAtEof_{0};
   std::mutex mutex_;  // guards announcements_
   std::deque<ClearToSend> announcements_;
-  // Stream 0's writer role and the announcement being written.
+  // Stream 0's writer role and the announcements being written, several per system call.
+  static constexpr size_t kAnnouncementBatch = 8;
   std::mutex announcementWriter_;
   bool announcementArmed_ = false;
-  bool announcing_ = false;
-  ClearToSend current_{};
-  size_t currentSent_ = 0;
+  ClearToSend outgoing_[kAnnouncementBatch] = {};
+  size_t outgoingCount_ = 0;
+  size_t outgoingSent_ = 0;
 };
 
 }  // namespace unifab::net::socket

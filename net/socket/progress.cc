@@ -119,6 +119,25 @@ void ProgressEngine::detach(StreamRegistration* registration) {
   epoll_ctl(workers_[registration->worker]->epollFd, EPOLL_CTL_DEL, registration->fd, nullptr);
 }
 
+void ProgressEngine::wake(Worker* worker) {
+  uint64_t one = 1;
+  if (write(worker->wakeFd, &one, sizeof(one)) < 0) {
+    // eventfd writes only fail on counter overflow, which 2^64 wake-ups cannot reach.
+  }
+}
+
+void ProgressEngine::requestWrite(StreamRegistration* registration) {
+  if (registration->worker < 0 || registration->writeRequested.exchange(true)) return;
+  Worker* worker = workers_[registration->worker].get();
+  {
+    std::lock_guard<std::mutex> lock(worker->mutex);
+    worker->writeRequests.push_back(registration);
+  }
+  // Paired with the worker's store of `sleeping` and its look at the queue before it sleeps:
+  // either this sees it asleep and wakes it, or it sees the request.
+  if (worker->sleeping.load(std::memory_order_seq_cst)) wake(worker);
+}
+
 void ProgressEngine::remove(StreamRegistration* registration) {
   if (registration->worker < 0) return;
   Worker* worker = workers_[registration->worker].get();
@@ -128,10 +147,7 @@ void ProgressEngine::remove(StreamRegistration* registration) {
     worker->removals.push_back(Removal{registration, std::promise<void>()});
     done = worker->removals.back().done.get_future();
   }
-  uint64_t one = 1;
-  if (write(worker->wakeFd, &one, sizeof(one)) < 0) {
-    // eventfd writes only fail on counter overflow, which 2^64 wake-ups cannot reach.
-  }
+  wake(worker);
   done.wait();
   registration->worker = -1;
 }
@@ -139,13 +155,20 @@ void ProgressEngine::remove(StreamRegistration* registration) {
 void ProgressEngine::run(Worker* worker) {
   epoll_event events[kMaxEventsPerWait];
   std::vector<Removal> removals;
+  std::vector<StreamRegistration*> writeRequests;
   using Clock = std::chrono::steady_clock;
   const auto pollWindow = std::chrono::microseconds(busyPollUs_);
   auto lastActivity = Clock::now() - pollWindow;
   while (!stopping_.load(std::memory_order_acquire)) {
     // Keep polling while traffic flows; sleep once the connection has been quiet for a while.
     bool polling = busyPollUs_ > 0 && Clock::now() - lastActivity < pollWindow;
+    if (!polling) {
+      worker->sleeping.store(true, std::memory_order_seq_cst);
+      std::lock_guard<std::mutex> lock(worker->mutex);
+      polling = !worker->writeRequests.empty() || !worker->removals.empty();
+    }
     int count = epoll_wait(worker->epollFd, events, kMaxEventsPerWait, polling ? 0 : -1);
+    worker->sleeping.store(false, std::memory_order_relaxed);
     if (count > 0) lastActivity = Clock::now();
     if (count < 0) {
       if (errno == EINTR) continue;
@@ -157,7 +180,9 @@ void ProgressEngine::run(Worker* worker) {
     {
       std::lock_guard<std::mutex> lock(worker->mutex);
       removals.swap(worker->removals);
+      writeRequests.swap(worker->writeRequests);
     }
+    if (!writeRequests.empty()) lastActivity = Clock::now();
     for (Removal& removal : removals) {
       StreamRegistration* registration = removal.registration;
       std::lock_guard<std::mutex> lock(registration->mutex);
@@ -188,6 +213,12 @@ void ProgressEngine::run(Worker* worker) {
         registration->owner->onWritable(registration->stream);
       }
     }
+    for (StreamRegistration* registration : writeRequests) {
+      if (!removals.empty() && removed(registration)) continue;
+      registration->writeRequested.store(false, std::memory_order_relaxed);
+      if (!registration->detached) registration->owner->onWritable(registration->stream);
+    }
+    writeRequests.clear();
     for (Removal& removal : removals) removal.done.set_value();
     removals.clear();
   }

@@ -34,6 +34,7 @@ struct StreamRegistration {
   std::mutex mutex;  // guards the interest flags and their epoll_ctl calls
   bool wantWrite = false;
   bool detached = false;
+  std::atomic<bool> writeRequested{false};  // queued for onWritable by requestWrite
 };
 
 class ProgressEngine {
@@ -56,6 +57,10 @@ class ProgressEngine {
   // Stops all notifications for a stream that hit EOF or an error (its own progress thread only),
   // so that a dead socket does not wake the loop forever.
   void detach(StreamRegistration* registration);
+  // Has the stream's progress thread call onWritable soon. While that thread polls this costs
+  // the caller no system call, which takes small control writes off NCCL's proxy thread.
+  void requestWrite(StreamRegistration* registration);
+  bool polls() const { return busyPollUs_ > 0; }
 
   int threadCount() const { return static_cast<int>(workers_.size()); }
 
@@ -68,14 +73,17 @@ class ProgressEngine {
     int epollFd = -1;
     int wakeFd = -1;
     std::thread thread;
-    std::mutex mutex;  // guards removals
+    std::mutex mutex;  // guards removals and writeRequests
     std::vector<Removal> removals;
+    std::vector<StreamRegistration*> writeRequests;
+    std::atomic<bool> sleeping{false};  // in epoll_wait without a timeout: needs the eventfd
   };
 
   ProgressEngine() = default;
   Result start(int nThreads, int busyPollUs);
   void run(Worker* worker);
   void updateInterest(StreamRegistration* registration);
+  static void wake(Worker* worker);
 
   std::vector<std::unique_ptr<Worker>> workers_;
   int busyPollUs_ = 0;
