@@ -496,10 +496,9 @@ TEST_F(NetTest, SenderSeesAnErrorWhenTheReceiverCloses) {
 
 TEST_F(NetTest, CloseWithRequestsInFlightAndFinalizeFirst) {
   connect();
-  Buffer* in = buffer(recv_, 8 << 20);
   Buffer* out = buffer(send_, 8 << 20);
   for (int i = 0; i < 4; ++i) {
-    postRecv(in, 8 << 20);
+    postRecv(buffer(recv_, 8 << 20), 8 << 20);  // concurrent receives never share a buffer
     postSend(out, 8 << 20);
   }
   // Finalize the context before the comms: the comms keep what they need alive.
@@ -778,11 +777,10 @@ TEST_F(NetTest, DeadSenderYieldsAnErrorNotAHang) {
   const size_t size = 64u << 20;
   Peer peer({"connect-send-hang", toHex(handle, sizeof(handle)), std::to_string(size)});
   ASSERT_EQ(acceptOne(net_, listenComm, &recv_), ncclSuccess);
-  Buffer* in = buffer(recv_, size);
   // Post two receives: the first may complete from the dying sender's socket buffers, the second
   // can only end in an error.
-  void* r1 = postRecv(in, size);
-  void* r2 = postRecv(in, size);
+  void* r1 = postRecv(buffer(recv_, size), size);
+  void* r2 = postRecv(buffer(recv_, size), size);
   ASSERT_EQ(peer.readLine(), "posted");
   peer.killHard();
   WaitOutcome first = waitRequest(net_, r1, nullptr, 20.0);
