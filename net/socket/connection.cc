@@ -160,15 +160,6 @@ SocketSendComm::SocketSendComm(std::shared_ptr<ProgressEngine> engine, std::vect
 
 SocketSendComm::~SocketSendComm() { stopStreams(); }
 
-Result SocketSendComm::registerMemory(void* data, size_t size, int type, MemoryRegion** region) {
-  return registerHostMemory(data, size, type, region);
-}
-
-Result SocketSendComm::deregisterMemory(MemoryRegion* region) {
-  delete region;
-  return unifabSuccess;
-}
-
 Result SocketSendComm::isend(const void* data, size_t size, int tag, MemoryRegion* region, Request** request) {
   *request = nullptr;
   if (failed()) return failureResult("isend");
@@ -421,15 +412,6 @@ SocketRecvComm::SocketRecvComm(std::shared_ptr<ProgressEngine> engine, std::vect
 }
 
 SocketRecvComm::~SocketRecvComm() { stopStreams(); }
-
-Result SocketRecvComm::registerMemory(void* data, size_t size, int type, MemoryRegion** region) {
-  return registerHostMemory(data, size, type, region);
-}
-
-Result SocketRecvComm::deregisterMemory(MemoryRegion* region) {
-  delete region;
-  return unifabSuccess;
-}
 
 Result SocketRecvComm::irecv(int n, void* const* data, const size_t* sizes, const int* tags,
                              MemoryRegion* const* regions, Request** request) {

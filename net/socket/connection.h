@@ -70,6 +70,19 @@ class StreamSet : public StreamOwner {
 // Registration record shared by both sides: the socket transport needs nothing but the range.
 Result registerHostMemory(void* data, size_t size, int type, MemoryRegion** region);
 
+// Memory registration of both comm kinds: host memory only, nothing to pin.
+template <typename CommInterface>
+class HostMemoryComm : public CommInterface {
+ public:
+  Result registerMemory(void* data, size_t size, int type, MemoryRegion** region) override {
+    return registerHostMemory(data, size, type, region);
+  }
+  Result deregisterMemory(MemoryRegion* region) override {
+    delete region;
+    return unifabSuccess;
+  }
+};
+
 class SocketSendComm;
 
 struct SendRequest final : Request {
@@ -84,14 +97,12 @@ struct SendRequest final : Request {
   Result test(bool* done, int* sizes) override;
 };
 
-class SocketSendComm final : public SendComm, public StreamSet {
+class SocketSendComm final : public HostMemoryComm<SendComm>, public StreamSet {
  public:
   SocketSendComm(std::shared_ptr<ProgressEngine> engine, std::vector<int> fds, std::string peer,
                  const ConnectionOptions& options);
   ~SocketSendComm() override;
 
-  Result registerMemory(void* data, size_t size, int type, MemoryRegion** region) override;
-  Result deregisterMemory(MemoryRegion* region) override;
   Result isend(const void* data, size_t size, int tag, MemoryRegion* region, Request** request) override;
 
   void onReadable(int stream) override;
@@ -165,14 +176,12 @@ struct RecvRequest final : Request {
   Result test(bool* done, int* sizes) override;
 };
 
-class SocketRecvComm final : public RecvComm, public StreamSet {
+class SocketRecvComm final : public HostMemoryComm<RecvComm>, public StreamSet {
  public:
   SocketRecvComm(std::shared_ptr<ProgressEngine> engine, std::vector<int> fds, std::string peer,
                  const ConnectionOptions& options);
   ~SocketRecvComm() override;
 
-  Result registerMemory(void* data, size_t size, int type, MemoryRegion** region) override;
-  Result deregisterMemory(MemoryRegion* region) override;
   Result irecv(int n, void* const* data, const size_t* sizes, const int* tags, MemoryRegion* const* regions,
                Request** request) override;
   Result iflush(int n, void* const* data, const int* sizes, MemoryRegion* const* regions, Request** request) override;

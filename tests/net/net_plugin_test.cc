@@ -512,6 +512,13 @@ TEST_F(NetTest, CloseWithRequestsInFlightAndFinalizeFirst) {
   send_ = nullptr;
 }
 
+// Two contexts of one loaded plugin (two "communicators") and a connection between them.
+void openTwoContexts(const ncclNet_v11_t* net, void** ctxA, void** ctxB, void** send, void** recv) {
+  ASSERT_EQ(net->init(ctxA, 1, nullptr, captureLogger, nullptr), ncclSuccess);
+  ASSERT_EQ(net->init(ctxB, 2, nullptr, captureLogger, nullptr), ncclSuccess);
+  ASSERT_EQ(connectPair(net, *ctxA, *ctxB, 0, send, recv), ncclSuccess);
+}
+
 TEST(NetLifecycle, RepeatedInitFinalizeAndReload) {
   for (int load = 0; load < 4; ++load) {
     NetPlugin plugin;
@@ -519,13 +526,9 @@ TEST(NetLifecycle, RepeatedInitFinalizeAndReload) {
     ASSERT_TRUE(plugin.load(libraryPath(), &error)) << error;
     const ncclNet_v11_t* net = plugin.table();
     for (int round = 0; round < 5; ++round) {
-      void* ctxA = nullptr;
-      void* ctxB = nullptr;
-      ASSERT_EQ(net->init(&ctxA, 1, nullptr, captureLogger, nullptr), ncclSuccess);
-      ASSERT_EQ(net->init(&ctxB, 2, nullptr, captureLogger, nullptr), ncclSuccess);
-      void* send = nullptr;
-      void* recv = nullptr;
-      ASSERT_EQ(connectPair(net, ctxA, ctxB, 0, &send, &recv), ncclSuccess);
+      void *ctxA = nullptr, *ctxB = nullptr, *send = nullptr, *recv = nullptr;
+      openTwoContexts(net, &ctxA, &ctxB, &send, &recv);
+      if (HasFatalFailure()) return;
       std::vector<unsigned char> in(4096, 0), out(4096);
       fillPattern(out.data(), out.size(), 31);
       void *mhIn = nullptr, *mhOut = nullptr;
@@ -566,13 +569,9 @@ TEST(NetThreads, TwoContextsOnTwoThreads) {
   std::string error;
   ASSERT_TRUE(plugin.load(libraryPath(), &error)) << error;
   const ncclNet_v11_t* net = plugin.table();
-  void* ctxA = nullptr;
-  void* ctxB = nullptr;
-  ASSERT_EQ(net->init(&ctxA, 1, nullptr, captureLogger, nullptr), ncclSuccess);
-  ASSERT_EQ(net->init(&ctxB, 2, nullptr, captureLogger, nullptr), ncclSuccess);
-  void* send = nullptr;
-  void* recv = nullptr;
-  ASSERT_EQ(connectPair(net, ctxA, ctxB, 0, &send, &recv), ncclSuccess);
+  void *ctxA = nullptr, *ctxB = nullptr, *send = nullptr, *recv = nullptr;
+  openTwoContexts(net, &ctxA, &ctxB, &send, &recv);
+  if (HasFatalFailure()) return;
   const int kMessages = 500;
   const size_t kSize = 300000;
   std::atomic<int> failures{0};
