@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <string>
 
 namespace unifab {
 namespace {
@@ -117,7 +116,9 @@ void fallbackLog(LogLevel level, unsigned long flags, const char* file, int line
   fwrite(buffer, 1, length, stderr);
 }
 
-thread_local std::string t_lastError;
+// A plain array: a thread_local with a destructor would keep the library mapped after NCCL's
+// dlclose until the thread exits.
+thread_local char t_lastError[1024];
 
 }  // namespace
 
@@ -142,8 +143,10 @@ void logMessage(LogLevel level, LogComponent component, unsigned long extraFlags
   }
 }
 
-void setLastErrorMessage(const char* message) { t_lastError.assign(message != nullptr ? message : ""); }
+void setLastErrorMessage(const char* message) {
+  snprintf(t_lastError, sizeof(t_lastError), "%s", message != nullptr ? message : "");
+}
 
-const char* lastErrorMessage() { return t_lastError.c_str(); }
+const char* lastErrorMessage() { return t_lastError; }
 
 }  // namespace unifab
