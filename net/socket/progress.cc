@@ -1,5 +1,6 @@
 #include "net/socket/progress.h"
 
+#include <dlfcn.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -19,6 +20,21 @@ char g_wakeMarker;
 std::mutex g_engineMutex;
 std::weak_ptr<ProgressEngine> g_engine;
 
+// Progress threads run this library's code, so once they exist the library must stay mapped, even
+// if NCCL dlcloses it while a communicator it never closed (an aborted job) keeps threads alive.
+void pinLibrary() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&pinLibrary), &info) == 0 || info.dli_fname == nullptr) return;
+    // The handle is deliberately never closed: RTLD_NODELETE makes the mapping permanent.
+    if (dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) == nullptr) {
+      UF_WARN(kNet, "cannot pin %s in memory (%s); unloading it while threads run would crash", info.dli_fname,
+              dlerror());
+    }
+  });
+}
+
 }  // namespace
 
 Result ProgressEngine::acquire(int nThreads, int busyPollUs, std::shared_ptr<ProgressEngine>* engine) {
@@ -36,6 +52,7 @@ Result ProgressEngine::acquire(int nThreads, int busyPollUs, std::shared_ptr<Pro
 }
 
 Result ProgressEngine::start(int nThreads, int busyPollUs) {
+  pinLibrary();
   busyPollUs_ = busyPollUs;
   for (int i = 0; i < nThreads; ++i) {
     auto worker = std::make_unique<Worker>();

@@ -30,6 +30,7 @@ void say(const std::string& line) {
 
 int failWith(const std::string& message) {
   say("error " + message);
+  for (const std::string& warning : capturedWarnings()) say("error plugin WARN: " + warning);
   return 1;
 }
 

@@ -44,6 +44,10 @@ class NetTest : public ::testing::Test {
   }
 
   void TearDown() override {
+    if (HasFailure()) {
+      // The plugin's own explanation of a failure, which CI logs would otherwise not show.
+      for (const std::string& warning : capturedWarnings()) fprintf(stderr, "plugin WARN: %s\n", warning.c_str());
+    }
     for (auto& [comm, buffer] : registrations_) net_->deregMr(comm, buffer->mhandle);
     registrations_.clear();
     if (send_ != nullptr) {
@@ -678,6 +682,10 @@ class Peer {
     out_ = fds[0];
   }
   ~Peer() {
+    // Whatever the peer reported and nobody read explains a failure on this side.
+    for (std::string line = readLine(0.2); !line.empty(); line = readLine(0.2)) {
+      fprintf(stderr, "peer said: %s\n", line.c_str());
+    }
     if (pid_ > 0) {
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
@@ -723,8 +731,8 @@ TEST_F(NetTest, TwoProcessesSendAndReceive) {
     ASSERT_EQ(line.rfind("handle ", 0), 0u) << line;
     char handle[NCCL_NET_HANDLE_MAXSIZE];
     ASSERT_TRUE(fromHex(line.substr(7), handle, sizeof(handle)));
-    void* send = nullptr;
-    ASSERT_EQ(connectOne(net_, ctx_, 0, handle, &send), ncclSuccess);
+    ASSERT_EQ(connectOne(net_, ctx_, 0, handle, &send_), ncclSuccess);
+    void* send = send_;
     const size_t size = 5 << 20;
     Buffer* out = buffer(send, size);
     for (int i = 0; i < 20; ++i) {
@@ -738,6 +746,7 @@ TEST_F(NetTest, TwoProcessesSendAndReceive) {
     net_->deregMr(send, out->mhandle);
     registrations_.clear();
     net_->closeSend(send);
+    send_ = nullptr;
   }
   // ... and receives from a sending peer.
   {
@@ -745,8 +754,10 @@ TEST_F(NetTest, TwoProcessesSendAndReceive) {
     void* listenComm = nullptr;
     ASSERT_EQ(net_->listen(ctx_, 0, handle, &listenComm), ncclSuccess);
     Peer peer({"connect-send", toHex(handle, sizeof(handle)), "20", std::to_string(3 << 20)});
-    void* recv = nullptr;
-    ASSERT_EQ(acceptOne(net_, listenComm, &recv), ncclSuccess);
+    ncclResult_t accepted = acceptOne(net_, listenComm, &recv_);
+    net_->closeListen(listenComm);
+    ASSERT_EQ(accepted, ncclSuccess);
+    void* recv = recv_;
     const size_t size = 3 << 20;
     Buffer* in = buffer(recv, size);
     for (int i = 0; i < 20; ++i) {
@@ -765,7 +776,7 @@ TEST_F(NetTest, TwoProcessesSendAndReceive) {
     net_->deregMr(recv, in->mhandle);
     registrations_.clear();
     net_->closeRecv(recv);
-    net_->closeListen(listenComm);
+    recv_ = nullptr;
   }
 }
 
