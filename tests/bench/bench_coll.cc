@@ -169,6 +169,11 @@ int runColl(Args& args, const char* self) {
   test::LaunchOptions launch;
   launch.nRanks = nRanks;
   launch.environment.push_back(std::string("NCCL_NVLS_ENABLE=") + (getenv("NCCL_NVLS_ENABLE") ? getenv("NCCL_NVLS_ENABLE") : "0"));
+  // All ranks run on this machine: keep NCCL's bootstrap and both socket transports on loopback
+  // unless the caller chose interfaces.
+  for (const char* variable : {"NCCL_SOCKET_IFNAME", "UNIFAB_SOCKET_IFNAME"}) {
+    if (getenv(variable) == nullptr) launch.environment.push_back(std::string(variable) + "=lo");
+  }
   if (net == "unifab") {
     std::string library = unifabLibraryPath();
     if (library.empty()) {

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -135,6 +136,9 @@ int runNet(Args& args) {
     fprintf(stderr, "unifab-bench net: need 0 < --min <= --max <= 1G and 1 <= --window <= 32\n");
     return 2;
   }
+  // A loopback benchmark: unless told otherwise, keep every byte on the loopback interface (the
+  // plugin's default would pick the machine's network interfaces).
+  setenv("UNIFAB_SOCKET_IFNAME", "lo", 0);
   const ncclNet_v11_t* net = &ncclNetPlugin_v11;
   void *ctxA = nullptr, *ctxB = nullptr;
   if (net->init(&ctxA, 1, nullptr, test::captureLogger, nullptr) != ncclSuccess ||
