@@ -62,7 +62,6 @@ class ProgressEngine {
   void requestWrite(StreamRegistration* registration);
   bool polls() const { return busyPollUs_ > 0; }
 
-  int threadCount() const { return static_cast<int>(workers_.size()); }
 
  private:
   struct Removal {
