@@ -16,7 +16,7 @@ using Result = unifabResult_t;
 
 // Logs `fmt` as a WARN of `component`, stores it as the thread's last error, returns `code`.
 Result fail(Result code, LogComponent component, const char* file, int line, const char* fmt, ...)
-    __attribute__((format(printf, 5, 6)));
+    __attribute__((format(__printf__, 5, 6)));
 
 const char* resultName(Result result);
 

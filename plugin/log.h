@@ -33,7 +33,7 @@ using NcclLogFunction = void (*)(int level, unsigned long flags, const char* fil
 void logSetNcclLogger(NcclLogFunction fn);
 
 void logMessage(LogLevel level, LogComponent component, unsigned long extraFlags, const char* file,
-                int line, const char* fmt, ...) __attribute__((format(printf, 6, 7)));
+                int line, const char* fmt, ...) __attribute__((format(__printf__, 6, 7)));
 
 // The calling thread's last failure message, for unifabGetLastError().
 void setLastErrorMessage(const char* message);
