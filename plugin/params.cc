@@ -86,6 +86,13 @@ const std::vector<ParamEntry>& entries() {
       {{"UNIFAB_TUNER_NET_GBPS", ParamType::kFloat, "0", "0..100000",
         "Per-rank network bandwidth in GB/s for the cost model; 0 uses the net plugin's speed"},
        0, 100000, nullptr, [](Params& p, int64_t, double v, const std::string&) { p.tunerNetGbps = v; }},
+      {{"UNIFAB_EP_TIMEOUT_MS", ParamType::kInt, "30000", "1..86400000",
+        "How long a GPU waits for a peer's signal in an expert-parallel call before it reports a timeout"},
+       1, 86400000, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.epTimeoutMs = v; }},
+      {{"UNIFAB_EP_VALIDATE", ParamType::kBool, "0", "0 or 1",
+        "Check expert ids on the host before every dispatch (synchronises the stream); otherwise the "
+        "GPU checks them and reports a bad id through the group's error"},
+       0, 1, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.epValidateOnHost = v != 0; }},
   };
   return table;
 }
@@ -221,8 +228,9 @@ Params parseParams(const EnvLookup& lookup) {
     const char* value = lookup(entry.info.name);
     bool fromEnv = value != nullptr;
     // Parameters are reported under the module that reads them.
-    LogComponent component =
-        strncmp(entry.info.name, "UNIFAB_TUNER", 12) == 0 ? LogComponent::kTuner : LogComponent::kNet;
+    LogComponent component = strncmp(entry.info.name, "UNIFAB_TUNER", 12) == 0 ? LogComponent::kTuner
+                             : strncmp(entry.info.name, "UNIFAB_EP", 9) == 0    ? LogComponent::kExt
+                                                                                : LogComponent::kNet;
     if (fromEnv && !parseValue(entry, value, &integer, &real, &text)) {
       logMessage(LogLevel::kWarn, component, 0, __FILE__, __LINE__,
                  "ignoring %s=\"%s\": expected %s; using the default %s", entry.info.name, value,

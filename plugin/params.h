@@ -32,6 +32,9 @@ struct Params {
   std::string tunerConfig;       // UNIFAB_TUNER_CONFIG
   double tunerNvlinkGbps;        // UNIFAB_TUNER_NVLINK_GBPS (0: detect)
   double tunerNetGbps;           // UNIFAB_TUNER_NET_GBPS (0: from the net plugin's speed)
+  // collectives/
+  int64_t epTimeoutMs;           // UNIFAB_EP_TIMEOUT_MS
+  bool epValidateOnHost;         // UNIFAB_EP_VALIDATE
 };
 
 enum class ParamType { kInt, kSize, kBool, kString, kChoice, kFloat };

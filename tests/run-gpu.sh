@@ -2,7 +2,7 @@
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
 # and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
-#   tests/run-gpu.sh [tests] [bench] [sweep]        default: tests bench
+#   tests/run-gpu.sh [tests] [bench] [ep] [sweep]   default: tests bench ep
 # The machines are shared virtual machines whose loopback TCP speed changes from minute to
 # minute, so every comparison runs its contenders interleaved, several times, and reports the
 # median over the repetitions.
@@ -13,7 +13,7 @@ out="${OUT:-$here/gpu-results}"
 logs="$out/logs"
 build="${UNIFAB_GPU_BUILD_DIR:-$here/build-gpu}"
 mkdir -p "$logs"
-steps="${*:-tests bench}"
+steps="${*:-tests bench ep}"
 summary="$out/summary.txt"
 : >"$summary"
 say() { echo "$@" | tee -a "$summary"; }
@@ -104,6 +104,15 @@ for step in $steps; do
       compare 2 "--op $op --min 1M --max 256M --factor 16 --iters 20" \
         -- "$op-unifab" --net unifab -- "$op-ncclsocket" --net socket
     done
+    ;;
+  ep)
+    say "== unifab-bench ep --mode ht, all local GPUs"
+    for dtype in bf16 fp8; do
+      "$bench" ep --mode ht --dtype $dtype --iters 30 --warmup 5 --csv "$logs/ep-ht-$dtype.csv" >"$logs/ep-ht-$dtype.txt" 2>&1 || failed=1
+      tee -a "$summary" <"$logs/ep-ht-$dtype.txt"
+    done
+    "$bench" ep --mode ht --dtype bf16 --sms 24 --iters 30 --warmup 5 --csv "$logs/ep-ht-bf16-24sms.csv" >"$logs/ep-ht-bf16-24sms.txt" 2>&1 || failed=1
+    tee -a "$summary" <"$logs/ep-ht-bf16-24sms.txt"
     ;;
   sweep)
     say "== socket transport settings, all_reduce over unifab"

@@ -54,6 +54,119 @@ UNIFAB_API const char* unifabGetLastError(void);
 /* The library's version as UNIFAB_VERSION_CODE, which may differ from the header's. */
 UNIFAB_API unifabResult_t unifabGetVersion(int* version);
 
+/* Opaque handles of NCCL and CUDA, declared exactly as nccl.h and cuda_runtime_api.h do. */
+typedef struct ncclComm* ncclComm_t;
+typedef struct CUstream_st* cudaStream_t;
+
+/* ============================================================================================
+ * Expert parallelism (MoE dispatch and combine) on an existing NCCL communicator.
+ *
+ * An EP group owns one symmetric window registered on the caller's communicator (all ranks must
+ * share an NVLink domain for the high-throughput mode of this version). Dispatch sends every
+ * token once to each rank that hosts one of its top-k experts; combine returns expert outputs to
+ * the tokens' ranks and sums them. Every call runs on the caller's stream, launches no host
+ * synchronisation unless host counts are requested, and can be captured in a CUDA graph.
+ * ============================================================================================ */
+
+typedef struct unifabEpGroup* unifabEpGroup_t;
+typedef struct unifabEpHandle* unifabEpHandle_t;
+
+typedef enum { unifabEpHighThroughput = 0 } unifabEpMode_t;
+typedef enum { unifabEpBf16 = 0, unifabEpFp8E4M3 = 1 } unifabEpDtype_t;
+typedef enum { unifabEpIndexInt64 = 0, unifabEpIndexInt32 = 1 } unifabEpIndexType_t;
+
+/* Received-token layout. Rank-major: rows grouped by source rank in ascending order, each
+ * source's tokens in their original order. Expert-major: one row per (token, local expert),
+ * experts in ascending order, each expert's rows in (source rank, token) order, every expert's
+ * region starting at a multiple of `expertAlignment` rows (padding rows are left unspecified). */
+typedef enum { unifabEpRankMajor = 0, unifabEpExpertMajor = 1 } unifabEpLayout_t;
+
+#define UNIFAB_EP_SCALE_BLOCK 128 /* FP8 payloads carry one float scale per 128 values */
+
+typedef struct {
+  size_t size;                /* sizeof(unifabEpConfig_t) */
+  unifabEpMode_t mode;
+  int numExperts;             /* global experts, a multiple of the rank count */
+  int maxTokensPerRank;       /* most tokens any rank dispatches in one call */
+  int hidden;                 /* values per token */
+  int topk;                   /* experts per token, 1..32 */
+  int maxSms;                 /* SM cap for every call; 0 = the tuner's choice */
+} unifabEpConfig_t;
+#define UNIFAB_EP_CONFIG_INIT {sizeof(unifabEpConfig_t), unifabEpHighThroughput, 0, 0, 0, 0, 0}
+
+/* Bytes of symmetric memory a group with this configuration registers on each rank. */
+UNIFAB_API unifabResult_t unifabEpBufferSize(const unifabEpConfig_t* config, int nRanks, size_t* bytes);
+
+/* Collective over `comm`: every rank calls it with the same configuration. */
+UNIFAB_API unifabResult_t unifabEpCreate(ncclComm_t comm, const unifabEpConfig_t* config, unifabEpGroup_t* group);
+/* Collective; waits for outstanding work of the group on the device. */
+UNIFAB_API unifabResult_t unifabEpDestroy(unifabEpGroup_t group);
+
+typedef struct {
+  size_t size;                     /* sizeof(unifabEpDispatchArgs_t) */
+  int numTokens;                   /* 0..maxTokensPerRank */
+  unifabEpDtype_t dtype;
+  const void* x;                   /* [numTokens, hidden] BF16 or FP8 e4m3, 16-byte aligned */
+  const float* scales;             /* FP8 only: [numTokens, hidden/128] */
+  const void* topkIdx;             /* [numTokens, topk] global expert ids, -1 = none */
+  unifabEpIndexType_t topkIdxType;
+  const float* topkWeights;        /* [numTokens, topk] or NULL */
+  unifabEpLayout_t layout;
+  int expertAlignment;             /* expert-major only, >= 1 */
+  int numSms;                      /* 0 = the group's choice, else <= the group's cap */
+  unifabEpHandle_t cachedHandle;   /* reuse this handle's routing: topkIdx is ignored */
+  int hostCounts;                  /* 1: also return counts on the host (waits on the stream) */
+} unifabEpDispatchArgs_t;
+#define UNIFAB_EP_DISPATCH_ARGS_INIT \
+  {sizeof(unifabEpDispatchArgs_t), 0, unifabEpBf16, 0, 0, 0, unifabEpIndexInt64, 0, unifabEpRankMajor, 1, 0, 0, 0}
+
+/* Outputs of a dispatch. Device pointers point into the group's buffer and stay valid until the
+ * next dispatch on the group; their capacity is the worst case (maxRows rows). */
+typedef struct {
+  size_t size;                     /* sizeof(unifabEpDispatchResult_t) */
+  void* recvX;                     /* [maxRows, hidden] in the dispatch dtype */
+  float* recvScales;               /* FP8: [maxRows, hidden/128]; else NULL */
+  int* recvTopkIdx;                /* [maxRows, topk] local expert ids, -1 where not on this rank */
+  float* recvTopkWeights;          /* [maxRows, topk]; 0 where not on this rank */
+  int* recvSource;                 /* [maxRows, 2] (source rank, source token) */
+  int* numRecvRows;                /* device scalar: rows written */
+  int* recvRowsPerRank;            /* device [nRanks]: rank-major rows from each source */
+  int* recvRowsPerExpert;          /* device [numLocalExperts]: rows for each local expert */
+  int* expertOffsets;              /* device [numLocalExperts + 1]: expert-major region starts */
+  int maxRows;                     /* capacity of the row arrays */
+  int hostNumRecvRows;             /* with hostCounts: */
+  int hostRecvRowsPerExpert[1024]; /*   per local expert (up to 1024 local experts) */
+} unifabEpDispatchResult_t;
+
+typedef struct {
+  size_t size;                     /* sizeof(unifabEpCombineArgs_t) */
+  const void* expertOutput;        /* BF16 rows laid out as the dispatch's recvX */
+  int weighted;                    /* expert-major: 1 = sum of weight x output, 0 = plain sum */
+  void* combinedX;                 /* [numTokens, hidden] BF16 */
+  float* combinedWeights;          /* [numTokens, topk] or NULL */
+  int numSms;
+} unifabEpCombineArgs_t;
+#define UNIFAB_EP_COMBINE_ARGS_INIT {sizeof(unifabEpCombineArgs_t), 0, 1, 0, 0, 0}
+
+/* Sends tokens to their experts' ranks. `handle` receives a routing handle (new, or
+ * args->cachedHandle itself) for combine and for cached re-dispatch. */
+UNIFAB_API unifabResult_t unifabEpDispatch(unifabEpGroup_t group, const unifabEpDispatchArgs_t* args,
+                                           cudaStream_t stream, unifabEpHandle_t* handle,
+                                           unifabEpDispatchResult_t* result);
+
+/* Returns expert outputs to their tokens' ranks and sums them in a fixed order: on each rank the
+ * rows of a token are summed over its local experts in ascending top-k slot order (FP32,
+ * optionally weighted), rounded once to BF16; the token's rank then sums those partials over
+ * ranks in ascending rank order in FP32 and rounds once to BF16. */
+UNIFAB_API unifabResult_t unifabEpCombine(unifabEpGroup_t group, unifabEpHandle_t handle,
+                                          const unifabEpCombineArgs_t* args, cudaStream_t stream);
+
+UNIFAB_API unifabResult_t unifabEpHandleDestroy(unifabEpHandle_t handle);
+
+/* A device-side failure (a peer that stopped answering within UNIFAB_EP_TIMEOUT_MS) of any earlier
+ * call on the group, or unifabSuccess. Does not synchronise the stream. */
+UNIFAB_API unifabResult_t unifabEpGetAsyncError(unifabEpGroup_t group);
+
 #ifdef __cplusplus
 }
 #endif

@@ -29,5 +29,6 @@ std::string unifabLibraryPath();
 
 int runNet(Args& args);
 int runColl(Args& args, const char* self);
+int runEp(Args& args, const char* self);
 
 }  // namespace unifab::bench

@@ -2,6 +2,7 @@
 //   unifab-bench                 the main demo for this machine (net loopback without GPUs)
 //   unifab-bench net  [...]      ncclNet table over loopback, no NCCL, no GPU
 //   unifab-bench coll [...]      NCCL collectives, one process per GPU, over unifab or NCCL's nets
+//   unifab-bench ep   [...]      expert-parallel dispatch/combine, one process per GPU
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -18,7 +19,10 @@ void usage() {
       "  coll  --op all_reduce|all_gather|reduce_scatter|alltoall --min BYTES --max BYTES --factor F --iters N\n"
       "        --warmup N --nranks N --net unifab|socket|nvlink [--tuner none] [--csv FILE]\n"
       "        NCCL collectives, one process per GPU; --net unifab and socket force NCCL's NET path\n"
-      "        (P2P and SHM off) over unifab's plugin or NCCL's internal Socket transport\n");
+      "        (P2P and SHM off) over unifab's plugin or NCCL's internal Socket transport\n"
+      "  ep    --mode ht --tokens N --hidden H --topk K --experts E --dtype bf16|fp8 --layout rank|expert\n"
+      "        --sms N --iters N --warmup N [--csv FILE]\n"
+      "        expert-parallel dispatch and combine, one process per GPU, with NCCL's all-to-all\n");
 }
 
 }  // namespace
@@ -37,6 +41,10 @@ int main(int argc, char** argv) {
   if (command == "coll") {
     unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
     return unifab::bench::runColl(args, argv[0]);
+  }
+  if (command == "ep") {
+    unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
+    return unifab::bench::runEp(args, argv[0]);
   }
   fprintf(stderr, "unifab-bench: unknown command '%s'\n", command.c_str());
   usage();

@@ -39,6 +39,8 @@ TEST(Params, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(p.tunerConfig, "");
   EXPECT_EQ(p.tunerNvlinkGbps, 0.0);
   EXPECT_EQ(p.tunerNetGbps, 0.0);
+  EXPECT_EQ(p.epTimeoutMs, 30000);
+  EXPECT_FALSE(p.epValidateOnHost);
   EXPECT_TRUE(log.warnings().empty());
 }
 

@@ -1,0 +1,62 @@
+// Symmetric memory on the caller's communicator: one cuMem allocation per rank registered as an
+// NCCL window, and the device communicator built once per communicator and shared by every
+// extension operation on it.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "collectives/common/nccl_runtime.h"
+
+namespace unifab::collectives {
+
+// The device communicator of one ncclComm_t (rank, size and the LSA team).
+class DeviceComm {
+ public:
+  // Collective on first use for `comm`; later calls share the same object.
+  static Result acquire(ncclComm_t comm, std::shared_ptr<DeviceComm>* out);
+  ~DeviceComm();
+  DeviceComm(const DeviceComm&) = delete;
+  DeviceComm& operator=(const DeviceComm&) = delete;
+
+  ncclComm_t comm() const { return comm_; }
+  const ncclDevComm& devComm() const { return devComm_; }
+  int rank() const { return devComm_.rank; }
+  int nRanks() const { return devComm_.nRanks; }
+  int lsaRank() const { return devComm_.lsaRank; }
+  int lsaSize() const { return devComm_.lsaSize; }
+  int cudaDevice() const { return cudaDevice_; }
+  const NcclRuntime& nccl() const { return *nccl_; }
+
+ private:
+  DeviceComm() = default;
+  ncclComm_t comm_ = nullptr;
+  ncclDevComm devComm_{};
+  int cudaDevice_ = -1;
+  const NcclRuntime* nccl_ = nullptr;
+};
+
+// A zero-filled window of `bytes` on every rank (collective to create and to destroy), with the
+// base address of every LSA peer's copy as this GPU sees it.
+class SymmetricWindow {
+ public:
+  static Result create(std::shared_ptr<DeviceComm> comm, size_t bytes, std::unique_ptr<SymmetricWindow>* out);
+  ~SymmetricWindow();
+  SymmetricWindow(const SymmetricWindow&) = delete;
+  SymmetricWindow& operator=(const SymmetricWindow&) = delete;
+
+  char* localBase() const { return local_; }
+  ncclWindow_t window() const { return window_; }
+  size_t bytes() const { return bytes_; }
+  const std::vector<char*>& peerBases() const { return peerBases_; }
+
+ private:
+  SymmetricWindow() = default;
+  std::shared_ptr<DeviceComm> comm_;
+  char* local_ = nullptr;
+  ncclWindow_t window_ = nullptr;
+  size_t bytes_ = 0;
+  std::vector<char*> peerBases_;
+};
+
+}  // namespace unifab::collectives

@@ -1,0 +1,492 @@
+#include "collectives/ep/ep_group.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "collectives/common/cuda_check.h"
+#include "plugin/params.h"
+#include "tuner/ep_policy.h"
+#include "tuner/topology.h"
+
+using unifab::Result;
+using unifab::kLogInit;
+namespace kep = unifab::kernels::ep;
+
+namespace unifab::collectives::ep {
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr int kMaxExpertAlignment = 128;
+constexpr int kMaxTokensPerRank = 1 << 20;
+
+size_t alignUp(size_t value) { return (value + kAlign - 1) / kAlign * kAlign; }
+
+bool aligned16(const void* pointer) { return (reinterpret_cast<uintptr_t>(pointer) & 15) == 0; }
+
+// Carves consecutive aligned arrays out of one allocation.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  template <typename T>
+  T* take(size_t count) {
+    T* result = reinterpret_cast<T*>(base_ + offset_);
+    offset_ = alignUp(offset_ + sizeof(T) * count);
+    return result;
+  }
+  size_t used() const { return offset_; }
+
+ private:
+  char* base_;
+  size_t offset_ = 0;
+};
+
+int expertRowCapacity(const unifabEpConfig_t& config, int nRanks) {
+  int localExperts = config.numExperts / nRanks;
+  return nRanks * config.maxTokensPerRank * std::min(config.topk, localExperts) + localExperts * (kMaxExpertAlignment - 1);
+}
+
+Result validateConfig(const unifabEpConfig_t* config, int nRanks) {
+  if (config == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "config=NULL");
+  if (config->size < sizeof(unifabEpConfig_t)) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->size=%zu, expected %zu: initialise it with UNIFAB_EP_CONFIG_INIT",
+                    config->size, sizeof(unifabEpConfig_t));
+  }
+  if (config->mode != unifabEpHighThroughput) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->mode=%d: this version offers unifabEpHighThroughput (0)",
+                    static_cast<int>(config->mode));
+  }
+  if (nRanks < 1 || nRanks > kep::kMaxRanks) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "the communicator has %d ranks; EP groups support 1..%d", nRanks, kep::kMaxRanks);
+  }
+  if (config->numExperts < nRanks || config->numExperts > kep::kMaxExperts || config->numExperts % nRanks != 0) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->numExperts=%d must be a multiple of the %d ranks in %d..%d",
+                    config->numExperts, nRanks, nRanks, kep::kMaxExperts);
+  }
+  if (config->topk < 1 || config->topk > kep::kMaxTopk || config->topk > config->numExperts) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->topk=%d is outside 1..min(%d, numExperts=%d)", config->topk,
+                    kep::kMaxTopk, config->numExperts);
+  }
+  if (config->hidden < 128 || config->hidden % 128 != 0 || config->hidden > (1 << 16)) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "config->hidden=%d must be a multiple of 128 in 128..65536 (FP8 scales cover 128 values)",
+                    config->hidden);
+  }
+  if (config->maxTokensPerRank < 1 || config->maxTokensPerRank > kMaxTokensPerRank) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->maxTokensPerRank=%d is outside 1..%d", config->maxTokensPerRank,
+                    kMaxTokensPerRank);
+  }
+  if (config->maxSms < 0) return UF_ERROR(unifabInvalidArgument, kExt, "config->maxSms=%d is negative", config->maxSms);
+  return unifabSuccess;
+}
+
+const char* errorName(int code) {
+  switch (code) {
+    case kep::kErrorTimeout:
+      return "a peer did not signal within UNIFAB_EP_TIMEOUT_MS (it stopped, or ranks issued different calls)";
+    case kep::kErrorBadExpertId:
+      return "a top-k expert id was outside -1..numExperts-1 (it was treated as -1)";
+    case kep::kErrorTooManyRows:
+      return "more rows were received than the group can hold";
+    default:
+      return "unknown device error";
+  }
+}
+
+}  // namespace
+
+RoutingBuffers::~RoutingBuffers() {
+  if (memory_ != nullptr) cudaFree(memory_);
+}
+
+Result RoutingBuffers::allocate(const kep::GroupView& view) {
+  const int n = view.nRanks;
+  const int tokens = view.maxTokensPerRank;
+  const int capacity = view.layout.recvCapacity;
+  // Two passes over the same carving: the first measures, the second hands out pointers.
+  for (int pass = 0; pass < 2; ++pass) {
+    Carver carve(static_cast<char*>(memory_));
+    routing.tokenRanks = carve.take<uint64_t>(tokens);
+    routing.tokenSlot = carve.take<int>(static_cast<size_t>(tokens) * n);
+    routing.sendCounts = carve.take<int>(n);
+    routing.sendExpertCounts = carve.take<int>(view.numExperts);
+    routing.sendOffset = carve.take<int>(n);
+    routing.recvRowsPerRank = carve.take<int>(n);
+    routing.recvRankOffset = carve.take<int>(n + 1);
+    routing.recvRowsPerExpert = carve.take<int>(view.numLocalExperts);
+    routing.expertOffsets = carve.take<int>(view.numLocalExperts + 1);
+    routing.numRecvRows = carve.take<int>(1);
+    routing.numExpertRows = carve.take<int>(1);
+    routing.expertSlot = carve.take<int>(static_cast<size_t>(capacity) * view.topk);
+    if (pass == 0) UF_CUDA_CHECK(cudaMalloc(&memory_, carve.used()));
+    if (pass == 1) UF_CUDA_CHECK(cudaMemset(memory_, 0, carve.used()));
+  }
+  return unifabSuccess;
+}
+
+Result RoutingPool::take(std::unique_ptr<RoutingBuffers>* buffers) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!free_.empty()) {
+      *buffers = std::move(free_.back());
+      free_.pop_back();
+      return unifabSuccess;
+    }
+  }
+  auto created = std::make_unique<RoutingBuffers>();
+  UF_CHECK(created->allocate(view_));
+  *buffers = std::move(created);
+  return unifabSuccess;
+}
+
+void RoutingPool::give(std::unique_ptr<RoutingBuffers> buffers) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.push_back(std::move(buffers));
+}
+
+}  // namespace unifab::collectives::ep
+
+using unifab::collectives::ep::RoutingBuffers;
+
+unifabEpHandle::~unifabEpHandle() {
+  if (pool && buffers) pool->give(std::move(buffers));
+}
+
+Result unifabEpGroup::planLayout(const unifabEpConfig_t& config, int nRanks, kep::WindowLayout* layout) {
+  UF_CHECK(unifab::collectives::ep::validateConfig(&config, nRanks));
+  using unifab::collectives::ep::alignUp;
+  kep::WindowLayout L{};
+  L.recvCapacity = nRanks * config.maxTokensPerRank;
+  L.countRowInts = nRanks + config.numExperts;
+  L.rowBytes = config.hidden * 2;
+  const size_t cap = static_cast<size_t>(L.recvCapacity);
+  size_t at = 0;
+  auto place = [&at](size_t bytes) {
+    size_t offset = at;
+    at = alignUp(at + bytes);
+    return offset;
+  };
+  L.control = place(sizeof(kep::Control));
+  L.countRows = place(sizeof(int) * static_cast<size_t>(nRanks) * L.countRowInts);
+  L.recvX = place(cap * L.rowBytes);
+  L.recvScales = place(sizeof(float) * cap * (config.hidden / kep::kScaleBlock));
+  L.recvTopk = place(sizeof(int) * cap * config.topk);
+  L.recvWeights = place(sizeof(float) * cap * config.topk);
+  L.recvSource = place(sizeof(int) * cap * 2);
+  L.combineX = place(static_cast<size_t>(nRanks) * config.maxTokensPerRank * config.hidden * 2);
+  L.combineWeights = place(sizeof(float) * static_cast<size_t>(nRanks) * config.maxTokensPerRank * config.topk);
+  L.total = at;
+  *layout = L;
+  return unifabSuccess;
+}
+
+Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, unifabEpGroup** out) {
+  std::unique_ptr<unifabEpGroup> group(new unifabEpGroup());
+  UF_CHECK(unifab::collectives::DeviceComm::acquire(comm, &group->comm_));
+  const auto& dc = *group->comm_;
+  int current = -1;
+  UF_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != dc.cudaDevice()) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "the current CUDA device is %d but the communicator's is %d", current,
+                    dc.cudaDevice());
+  }
+  if (dc.lsaSize() != dc.nRanks()) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "high-throughput EP in this version needs every rank in one NVLink domain: %d of %d ranks are "
+                    "LSA peers (the network path is not implemented yet)", dc.lsaSize(), dc.nRanks());
+  }
+  kep::WindowLayout layout;
+  UF_CHECK(planLayout(config, dc.nRanks(), &layout));
+  group->config_ = config;
+  UF_CHECK(unifab::collectives::SymmetricWindow::create(group->comm_, layout.total, &group->window_));
+
+  kep::GroupView& v = group->view_;
+  v.rank = dc.rank();
+  v.nRanks = dc.nRanks();
+  v.numExperts = config.numExperts;
+  v.numLocalExperts = config.numExperts / dc.nRanks();
+  v.hidden = config.hidden;
+  v.topk = config.topk;
+  v.maxTokensPerRank = config.maxTokensPerRank;
+  v.layout = layout;
+  for (int r = 0; r < dc.nRanks(); ++r) v.peerBase[r] = group->window_->peerBases()[r];
+  v.timeoutNs = static_cast<uint64_t>(unifab::params().epTimeoutMs) * 1000000ULL;
+
+  // Counters and the expert-major copy live in ordinary device memory: only this GPU touches them.
+  const int expertCapacity = unifab::collectives::ep::expertRowCapacity(config, dc.nRanks());
+  const size_t cap = static_cast<size_t>(expertCapacity);
+  unifab::collectives::ep::Carver sizing(nullptr);
+  sizing.take<kep::Epochs>(1);
+  sizing.take<char>(cap * layout.rowBytes);
+  sizing.take<float>(cap * (config.hidden / kep::kScaleBlock));
+  sizing.take<int>(cap * config.topk);
+  sizing.take<float>(cap * config.topk);
+  sizing.take<int>(cap * 2);
+  UF_CUDA_CHECK(cudaMalloc(&group->deviceMemory_, sizing.used()));
+  UF_CUDA_CHECK(cudaMemset(group->deviceMemory_, 0, sizing.used()));
+  unifab::collectives::ep::Carver carve(static_cast<char*>(group->deviceMemory_));
+  v.epochs = carve.take<kep::Epochs>(1);
+  group->expertRows_.x = carve.take<char>(cap * layout.rowBytes);
+  group->expertRows_.scales = carve.take<float>(cap * (config.hidden / kep::kScaleBlock));
+  group->expertRows_.topk = carve.take<int>(cap * config.topk);
+  group->expertRows_.weights = carve.take<float>(cap * config.topk);
+  group->expertRows_.source = carve.take<int>(cap * 2);
+  group->expertRows_.capacity = expertCapacity;
+
+  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&group->hostError_), sizeof(int), cudaHostAllocMapped));
+  *group->hostError_ = 0;
+  UF_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&v.error), group->hostError_, 0));
+  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&group->hostCounts_), sizeof(int) * (kep::kMaxExperts + 1),
+                              cudaHostAllocDefault));
+
+  UF_CUDA_CHECK(cudaDeviceGetAttribute(&group->deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
+  unifab::tuner::EpSmQuery query;
+  query.nRanks = dc.nRanks();
+  query.deviceSms = group->deviceSms_;
+  unifab::tuner::NvlinkInfo nvlink;
+  if (unifab::tuner::detectNvlink(&nvlink) && nvlink.activeLinks > 0) query.nvlinkGBps = nvlink.activeLinks * nvlink.perLinkGBps;
+  group->defaultSms_ = unifab::tuner::epHighThroughputSms(query);
+  // A few routings made now: handles in use at once rarely exceed this, and beyond it the next
+  // dispatch allocates (outside graph capture).
+  constexpr int kPreparedRoutings = 4;
+  group->pool_ = std::make_shared<unifab::collectives::ep::RoutingPool>(v);
+  for (int i = 0; i < kPreparedRoutings; ++i) {
+    auto buffers = std::make_unique<RoutingBuffers>();
+    UF_CHECK(buffers->allocate(v));
+    group->pool_->give(std::move(buffers));
+  }
+  if (config.maxSms > 0) group->defaultSms_ = std::min(group->defaultSms_, config.maxSms);
+  UF_INFO(kExt, kLogInit,
+          "EP group: %d ranks, %d experts (%d per rank), hidden %d, top-%d, %d tokens per rank; window %zu MiB, "
+          "expert-major rows %d; %d SMs per call", v.nRanks, v.numExperts, v.numLocalExperts, v.hidden, v.topk,
+          v.maxTokensPerRank, layout.total >> 20, expertCapacity, group->defaultSms_);
+  *out = group.release();
+  return unifabSuccess;
+}
+
+unifabEpGroup::~unifabEpGroup() {
+  if (comm_) {
+    int device = comm_->cudaDevice();
+    cudaSetDevice(device);
+    cudaDeviceSynchronize();  // outstanding kernels of the group still use its memory
+  }
+  if (deviceMemory_ != nullptr) cudaFree(deviceMemory_);
+  if (hostError_ != nullptr) cudaFreeHost(hostError_);
+  if (hostCounts_ != nullptr) cudaFreeHost(hostCounts_);
+  window_.reset();  // collective deregistration
+}
+
+Result unifabEpGroup::asyncError() const {
+  int code = *reinterpret_cast<volatile int*>(hostError_);
+  if (code == kep::kErrorNone) return unifabSuccess;
+  return UF_ERROR(code == kep::kErrorTimeout ? unifabTimeout : unifabInvalidArgument, kExt,
+                  "an earlier EP call on rank %d failed on the GPU: %s", view_.rank, unifab::collectives::ep::errorName(code));
+}
+
+Result unifabEpGroup::checkStream(cudaStream_t stream) const {
+  int device = -1;
+  UF_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+  if (device != comm_->cudaDevice()) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "stream belongs to CUDA device %d, the group to device %d", device,
+                    comm_->cudaDevice());
+  }
+  int current = -1;
+  UF_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != comm_->cudaDevice()) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "the current CUDA device is %d, the group's is %d", current,
+                    comm_->cudaDevice());
+  }
+  return unifabSuccess;
+}
+
+int unifabEpGroup::smsFor(int requested) const { return requested > 0 ? requested : defaultSms_; }
+
+Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStream_t stream) const {
+  if (a.size < sizeof(unifabEpDispatchArgs_t)) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "args->size=%zu, expected %zu: initialise it with UNIFAB_EP_DISPATCH_ARGS_INIT", a.size,
+                    sizeof(unifabEpDispatchArgs_t));
+  }
+  if (a.numTokens < 0 || a.numTokens > config_.maxTokensPerRank) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "numTokens=%d is outside 0..maxTokensPerRank=%d", a.numTokens,
+                    config_.maxTokensPerRank);
+  }
+  if (a.dtype != unifabEpBf16 && a.dtype != unifabEpFp8E4M3) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "dtype=%d is neither unifabEpBf16 nor unifabEpFp8E4M3", static_cast<int>(a.dtype));
+  }
+  if (a.numTokens > 0 && (a.x == nullptr || !unifab::collectives::ep::aligned16(a.x))) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "x=%p must be a non-NULL device pointer aligned to 16 bytes", a.x);
+  }
+  if (a.dtype == unifabEpFp8E4M3 && a.numTokens > 0 && (a.scales == nullptr || !unifab::collectives::ep::aligned16(a.scales))) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "FP8 dispatch needs scales (got %p) aligned to 16 bytes: one float per 128 values",
+                    static_cast<const void*>(a.scales));
+  }
+  if (a.cachedHandle == nullptr && a.numTokens > 0 && a.topkIdx == nullptr) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "topkIdx=NULL without a cachedHandle");
+  }
+  if (a.topkIdxType != unifabEpIndexInt64 && a.topkIdxType != unifabEpIndexInt32) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "topkIdxType=%d is neither int64 (0) nor int32 (1)", static_cast<int>(a.topkIdxType));
+  }
+  if (a.layout != unifabEpRankMajor && a.layout != unifabEpExpertMajor) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "layout=%d is neither rank-major (0) nor expert-major (1)", static_cast<int>(a.layout));
+  }
+  if (a.layout == unifabEpExpertMajor &&
+      (a.expertAlignment < 1 || a.expertAlignment > unifab::collectives::ep::kMaxExpertAlignment)) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "expertAlignment=%d is outside 1..%d", a.expertAlignment,
+                    unifab::collectives::ep::kMaxExpertAlignment);
+  }
+  if (a.numSms < 0 || a.numSms > deviceSms_ || (config_.maxSms > 0 && a.numSms > config_.maxSms)) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "numSms=%d is outside 0..%d", a.numSms,
+                    config_.maxSms > 0 ? std::min(config_.maxSms, deviceSms_) : deviceSms_);
+  }
+  if (a.hostCounts != 0 && view_.numLocalExperts > 1024) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "hostCounts with %d local experts: the result holds at most 1024",
+                    view_.numLocalExperts);
+  }
+  if (a.cachedHandle != nullptr) {
+    const unifabEpHandle* h = a.cachedHandle;
+    if (h->group != this || !h->routed) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "cachedHandle does not come from a dispatch on this group");
+    }
+    if (h->numTokens != a.numTokens || h->layout != a.layout ||
+        (a.layout == unifabEpExpertMajor && h->expertAlignment != a.expertAlignment)) {
+      return UF_ERROR(unifabInvalidArgument, kExt,
+                      "cachedHandle routed %d tokens in layout %d (alignment %d); this call has %d tokens, layout %d "
+                      "(alignment %d)", h->numTokens, static_cast<int>(h->layout), h->expertAlignment, a.numTokens,
+                      static_cast<int>(a.layout), a.expertAlignment);
+    }
+  }
+  return checkStream(stream);
+}
+
+Result unifabEpGroup::validateIdsOnHost(const unifabEpDispatchArgs_t& a, cudaStream_t stream) const {
+  size_t count = static_cast<size_t>(a.numTokens) * config_.topk;
+  size_t width = a.topkIdxType == unifabEpIndexInt32 ? 4 : 8;
+  std::vector<unsigned char> ids(count * width);
+  UF_CUDA_CHECK(cudaMemcpyAsync(ids.data(), a.topkIdx, ids.size(), cudaMemcpyDeviceToHost, stream));
+  UF_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (size_t i = 0; i < count; ++i) {
+    int64_t id = width == 4 ? static_cast<int64_t>(reinterpret_cast<const int32_t*>(ids.data())[i])
+                            : reinterpret_cast<const int64_t*>(ids.data())[i];
+    if (id < -1 || id >= config_.numExperts) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "topkIdx[%zu][%zu]=%lld is outside -1..numExperts-1=%d", i / config_.topk,
+                      i % config_.topk, static_cast<long long>(id), config_.numExperts - 1);
+    }
+  }
+  return unifabSuccess;
+}
+
+Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t stream, unifabEpHandle** handleOut,
+                               unifabEpDispatchResult_t* out) {
+  UF_CHECK(asyncError());
+  UF_CHECK(validateDispatch(a, stream));
+  if (out->size < sizeof(unifabEpDispatchResult_t)) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "result->size=%zu, expected %zu", out->size, sizeof(unifabEpDispatchResult_t));
+  }
+  const bool cached = a.cachedHandle != nullptr;
+  if (!cached && a.numTokens > 0 && unifab::params().epValidateOnHost) UF_CHECK(validateIdsOnHost(a, stream));
+
+  std::unique_ptr<unifabEpHandle> created;
+  unifabEpHandle* handle = a.cachedHandle;
+  if (!cached) {
+    created.reset(new unifabEpHandle());
+    created->group = this;
+    created->pool = pool_;
+    UF_CHECK(pool_->take(&created->buffers));
+    handle = created.get();
+  }
+  kep::Routing& r = handle->buffers->routing;
+  r.numTokens = a.numTokens;
+  r.expertAlignment = a.layout == unifabEpExpertMajor ? a.expertAlignment : 1;
+
+  kep::DispatchInput input{};
+  input.numTokens = a.numTokens;
+  input.dtype = a.dtype == unifabEpFp8E4M3 ? kep::Payload::kFp8 : kep::Payload::kBf16;
+  input.x = a.x;
+  input.scales = a.scales;
+  input.topkIdx = a.topkIdx;
+  input.topkIdxIs32 = a.topkIdxType == unifabEpIndexInt32;
+  input.topkWeights = a.topkWeights;
+
+  if (!cached) {
+    UF_CUDA_CHECK(kep::launchLayout(view_, input, r, stream));
+    UF_CUDA_CHECK(kep::launchCountExchange(view_, r, r.expertAlignment, stream));
+  }
+  UF_CUDA_CHECK(kep::launchDispatchPayload(view_, input, r, smsFor(a.numSms), stream));
+  UF_CUDA_CHECK(kep::launchPhaseBarrier(view_, kep::Phase::kDispatch, stream));
+  const bool expertMajor = a.layout == unifabEpExpertMajor;
+  if (expertMajor) {
+    UF_CUDA_CHECK(cudaMemsetAsync(r.expertSlot, 0xff, sizeof(int) * view_.layout.recvCapacity * view_.topk, stream));
+    UF_CUDA_CHECK(kep::launchExpand(view_, r, input.dtype, expertRows_, stream));
+  }
+
+  char* base = window_->localBase();
+  const kep::WindowLayout& L = view_.layout;
+  out->recvX = expertMajor ? static_cast<void*>(expertRows_.x) : base + L.recvX;
+  out->recvScales = a.dtype != unifabEpFp8E4M3 ? nullptr
+                    : expertMajor             ? expertRows_.scales
+                                              : reinterpret_cast<float*>(base + L.recvScales);
+  out->recvTopkIdx = expertMajor ? expertRows_.topk : reinterpret_cast<int*>(base + L.recvTopk);
+  out->recvTopkWeights = expertMajor ? expertRows_.weights : reinterpret_cast<float*>(base + L.recvWeights);
+  out->recvSource = expertMajor ? expertRows_.source : reinterpret_cast<int*>(base + L.recvSource);
+  out->numRecvRows = expertMajor ? r.numExpertRows : r.numRecvRows;
+  out->recvRowsPerRank = r.recvRowsPerRank;
+  out->recvRowsPerExpert = r.recvRowsPerExpert;
+  out->expertOffsets = r.expertOffsets;
+  out->maxRows = expertMajor ? expertRows_.capacity : L.recvCapacity;
+  out->hostNumRecvRows = -1;
+
+  handle->numTokens = a.numTokens;
+  handle->layout = a.layout;
+  handle->dtype = a.dtype;
+  handle->expertAlignment = r.expertAlignment;
+  handle->routed = true;
+  if (a.hostCounts != 0) {
+    UF_CUDA_CHECK(cudaMemcpyAsync(hostCounts_, out->numRecvRows, sizeof(int), cudaMemcpyDeviceToHost, stream));
+    UF_CUDA_CHECK(cudaMemcpyAsync(hostCounts_ + 1, r.recvRowsPerExpert, sizeof(int) * view_.numLocalExperts,
+                                  cudaMemcpyDeviceToHost, stream));
+    UF_CUDA_CHECK(cudaStreamSynchronize(stream));
+    UF_CHECK(asyncError());
+    out->hostNumRecvRows = hostCounts_[0];
+    for (int e = 0; e < view_.numLocalExperts; ++e) out->hostRecvRowsPerExpert[e] = hostCounts_[1 + e];
+  }
+  if (created) *handleOut = created.release();
+  else *handleOut = handle;
+  return unifabSuccess;
+}
+
+Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_t& a, cudaStream_t stream) {
+  UF_CHECK(asyncError());
+  if (handle == nullptr || handle->group != this || !handle->routed) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "handle does not come from a dispatch on this group");
+  }
+  if (a.size < sizeof(unifabEpCombineArgs_t)) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "args->size=%zu, expected %zu: initialise it with UNIFAB_EP_COMBINE_ARGS_INIT", a.size,
+                    sizeof(unifabEpCombineArgs_t));
+  }
+  if (a.expertOutput == nullptr || !unifab::collectives::ep::aligned16(a.expertOutput)) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "expertOutput=%p must be a non-NULL device pointer aligned to 16 bytes",
+                    a.expertOutput);
+  }
+  if (handle->numTokens > 0 && (a.combinedX == nullptr || !unifab::collectives::ep::aligned16(a.combinedX))) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "combinedX=%p must be a non-NULL device pointer aligned to 16 bytes",
+                    a.combinedX);
+  }
+  if (a.numSms < 0 || a.numSms > deviceSms_) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "numSms=%d is outside 0..%d", a.numSms, deviceSms_);
+  }
+  UF_CHECK(checkStream(stream));
+  kep::CombineInput input{};
+  input.expertOutput = a.expertOutput;
+  input.expertMajor = handle->layout == unifabEpExpertMajor;
+  input.weighted = a.weighted != 0;
+  input.combinedX = a.combinedX;
+  input.combinedWeights = a.combinedWeights;
+  const kep::Routing& r = handle->buffers->routing;
+  int blocks = smsFor(a.numSms);
+  UF_CUDA_CHECK(kep::launchCombineSend(view_, r, input, expertRows_, blocks, stream));
+  UF_CUDA_CHECK(kep::launchPhaseBarrier(view_, kep::Phase::kCombine, stream));
+  UF_CUDA_CHECK(kep::launchCombineReduce(view_, r, input, blocks, stream));
+  return unifabSuccess;
+}

@@ -1,0 +1,89 @@
+// Host side of expert parallelism: the group (its window, counters and error word), routing
+// handles, and the validation and launch sequence of dispatch and combine.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "collectives/common/symmetric.h"
+#include "kernels/ep/ht_kernels.h"
+#include "unifab/unifab.h"
+
+struct unifabEpGroup;
+
+namespace unifab::collectives::ep {
+
+// Owns the device memory of one routing (kernels::ep::Routing points into it).
+class RoutingBuffers {
+ public:
+  RoutingBuffers() = default;
+  ~RoutingBuffers();
+  RoutingBuffers(const RoutingBuffers&) = delete;
+  RoutingBuffers& operator=(const RoutingBuffers&) = delete;
+  Result allocate(const kernels::ep::GroupView& view);
+  kernels::ep::Routing routing{};
+
+ private:
+  void* memory_ = nullptr;
+};
+
+// Routing buffers made ahead of time, so that dispatch allocates nothing in steady state (and can
+// be captured in a CUDA graph). Shared by the group and its handles: whichever goes last frees it.
+class RoutingPool {
+ public:
+  explicit RoutingPool(const kernels::ep::GroupView& view) : view_(view) {}
+  Result take(std::unique_ptr<RoutingBuffers>* buffers);
+  void give(std::unique_ptr<RoutingBuffers> buffers);
+
+ private:
+  kernels::ep::GroupView view_;
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<RoutingBuffers>> free_;
+};
+
+}  // namespace unifab::collectives::ep
+
+// The public handle types are these structs.
+struct unifabEpHandle {
+  ~unifabEpHandle();
+  unifabEpGroup* group = nullptr;
+  std::shared_ptr<unifab::collectives::ep::RoutingPool> pool;
+  std::unique_ptr<unifab::collectives::ep::RoutingBuffers> buffers;
+  int numTokens = 0;
+  unifabEpLayout_t layout = unifabEpRankMajor;
+  unifabEpDtype_t dtype = unifabEpBf16;
+  int expertAlignment = 1;
+  bool routed = false;  // a dispatch filled the routing
+};
+
+struct unifabEpGroup {
+  static unifab::Result create(ncclComm_t comm, const unifabEpConfig_t& config, unifabEpGroup** out);
+  ~unifabEpGroup();
+
+  unifab::Result dispatch(const unifabEpDispatchArgs_t& args, cudaStream_t stream, unifabEpHandle** handle,
+                          unifabEpDispatchResult_t* result);
+  unifab::Result combine(unifabEpHandle* handle, const unifabEpCombineArgs_t& args, cudaStream_t stream);
+  unifab::Result asyncError() const;
+
+  // Window bytes for `config` on `nRanks` ranks, and the offsets of every array.
+  static unifab::Result planLayout(const unifabEpConfig_t& config, int nRanks, unifab::kernels::ep::WindowLayout* layout);
+
+ private:
+  unifab::Result validateDispatch(const unifabEpDispatchArgs_t& args, cudaStream_t stream) const;
+  unifab::Result checkStream(cudaStream_t stream) const;
+  unifab::Result validateIdsOnHost(const unifabEpDispatchArgs_t& args, cudaStream_t stream) const;
+  int smsFor(int requested) const;
+
+  std::shared_ptr<unifab::collectives::DeviceComm> comm_;
+  std::unique_ptr<unifab::collectives::SymmetricWindow> window_;
+  std::shared_ptr<unifab::collectives::ep::RoutingPool> pool_;
+  unifabEpConfig_t config_{};
+  unifab::kernels::ep::GroupView view_{};
+  unifab::kernels::ep::ExpertMajorRows expertRows_{};
+  void* deviceMemory_ = nullptr;   // epochs and expert-major rows
+  int* hostError_ = nullptr;       // mapped; view_.error is its device alias
+  int* hostCounts_ = nullptr;      // pinned staging for hostCounts
+  int defaultSms_ = 0;
+  int deviceSms_ = 0;
+};

@@ -1,0 +1,46 @@
+// Device-side signalling between GPUs of one NVLink domain: system-scope release/acquire on
+// 64-bit epoch words and bounded waits. Every wait ends after `timeoutNs` (measured with the
+// global timer) and records an error instead of hanging the GPU.
+#pragma once
+
+#include <cstdint>
+
+namespace unifab::kernels {
+
+__device__ __forceinline__ uint64_t globalTimerNs() {
+  uint64_t now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  return now;
+}
+
+__device__ __forceinline__ void storeRelease(uint64_t* address, uint64_t value) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
+}
+
+__device__ __forceinline__ uint64_t loadAcquire(const uint64_t* address) {
+  uint64_t value;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
+  return value;
+}
+
+// Records the first error of the group; later ones keep the first code.
+__device__ __forceinline__ void raiseError(int* error, int code) {
+  atomicCAS_system(error, 0, code);
+}
+
+// Waits until *address >= epoch. False on timeout (raising `timeoutCode`), or at once when an
+// earlier wait of the group already timed out: its peers are out of step.
+__device__ __forceinline__ bool waitEpoch(const uint64_t* address, uint64_t epoch, uint64_t timeoutNs, int* error,
+                                          int timeoutCode) {
+  uint64_t start = globalTimerNs();
+  while (loadAcquire(address) < epoch) {
+    if (*reinterpret_cast<const volatile int*>(error) == timeoutCode) return false;
+    if (globalTimerNs() - start > timeoutNs) {
+      raiseError(error, timeoutCode);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace unifab::kernels

@@ -1,0 +1,97 @@
+// Plain data shared by the host side of expert parallelism (collectives/ep) and its kernels:
+// where each array lives in the symmetric window, and what a kernel needs to reach peers. The
+// window has the same layout on every rank, so one offset names the same array everywhere.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define UNIFAB_HOST_DEVICE __host__ __device__
+#else
+#define UNIFAB_HOST_DEVICE
+#endif
+
+namespace unifab::kernels::ep {
+
+constexpr int kMaxRanks = 64;        // ranks of one EP group (one bit each in a token's rank mask)
+constexpr int kMaxTopk = 32;
+constexpr int kMaxExperts = 1024;    // global experts
+constexpr int kScaleBlock = 128;     // FP8 values per float scale
+
+// Per-rank control words in the window. Every word is written by one peer and read by its owner;
+// values are epochs (call counts), so they only grow and never need resetting.
+struct Control {
+  uint64_t countsReady[kMaxRanks];     // source s wrote its count row for exchange #epoch
+  uint64_t dispatchDone[kMaxRanks];    // source s finished writing dispatch #epoch into us
+  uint64_t combineDone[kMaxRanks];     // source s finished writing combine #epoch into us
+};
+
+// Byte offsets into the window (identical on all ranks) and the sizes they were made for.
+struct WindowLayout {
+  size_t control;        // Control
+  size_t countRows;      // int [nRanks][countRowInts]: row s = what rank s sends (per rank, per expert)
+  size_t recvX;          // [recvCapacity][rowBytes]: rank-major received payloads
+  size_t recvScales;     // float [recvCapacity][hidden / kScaleBlock]
+  size_t recvTopk;       // int [recvCapacity][topk]: local expert ids, -1 elsewhere
+  size_t recvWeights;    // float [recvCapacity][topk]
+  size_t recvSource;     // int [recvCapacity][2]: (source rank, source token)
+  size_t combineX;       // bf16 [nRanks][maxTokens][hidden]: partial sums from each rank
+  size_t combineWeights; // float [nRanks][maxTokens][topk]
+  size_t total;
+  int recvCapacity;      // nRanks * maxTokensPerRank
+  int countRowInts;      // nRanks + numExperts
+  int rowBytes;          // hidden * 2: the largest payload row (BF16)
+};
+
+// Call counters of this rank (device memory). All ranks run the same sequence of calls, so the
+// n-th exchange, dispatch and combine carry the same epoch everywhere.
+struct Epochs {
+  uint64_t counts;
+  uint64_t dispatch;
+  uint64_t combine;
+};
+
+// Everything a kernel needs to address the group's memory.
+struct GroupView {
+  int rank;
+  int nRanks;
+  int numExperts;
+  int numLocalExperts;
+  int hidden;
+  int topk;
+  int maxTokensPerRank;
+  WindowLayout layout;
+  char* peerBase[kMaxRanks];  // window base of every rank as this GPU addresses it (own included)
+  Epochs* epochs;
+  int* error;                 // host-mapped; non-zero stops every later kernel of the group
+  uint64_t timeoutNs;
+};
+
+// Error codes written to GroupView::error (first failure wins).
+enum ErrorCode : int {
+  kErrorNone = 0,
+  kErrorTimeout = 1,        // a peer did not signal within the timeout
+  kErrorBadExpertId = 2,    // a top-k id outside -1..numExperts-1
+  kErrorTooManyRows = 3,    // received rows exceed the receive capacity
+};
+
+// Routing of one dispatch, kept by its handle for combine and cached re-dispatch (device memory).
+struct Routing {
+  int numTokens;
+  uint64_t* tokenRanks;      // [maxTokens]: bit r = token goes to rank r
+  int* tokenSlot;            // [maxTokens][nRanks]: index among this rank's tokens for that destination
+  int* sendCounts;           // [nRanks]
+  int* sendExpertCounts;     // [numExperts]: (token, k) selections per global expert
+  int* sendOffset;           // [nRanks]: first row this rank writes at each destination
+  int* recvRowsPerRank;      // [nRanks]
+  int* recvRankOffset;       // [nRanks + 1]
+  int* recvRowsPerExpert;    // [numLocalExperts]
+  int* expertOffsets;        // [numLocalExperts + 1] (aligned)
+  int* numRecvRows;          // [1] rank-major rows
+  int* numExpertRows;        // [1] expert-major rows including padding
+  int* expertSlot;           // [recvCapacity][topk]: expert-major row of (rank-major row, k), -1
+  int expertAlignment;
+};
+
+}  // namespace unifab::kernels::ep

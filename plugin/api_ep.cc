@@ -1,0 +1,74 @@
+// The unifabEp* C entry points: argument plumbing onto collectives/ep, exceptions kept inside.
+#include "collectives/ep/ep_group.h"
+#include "plugin/boundary.h"
+
+using unifab::LogComponent;
+using unifab::guarded;
+
+extern "C" {
+
+UNIFAB_API unifabResult_t unifabEpBufferSize(const unifabEpConfig_t* config, int nRanks, size_t* bytes) {
+  return guarded(LogComponent::kExt, "unifabEpBufferSize", [&] {
+    if (config == nullptr || bytes == nullptr) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpBufferSize: config and bytes must not be NULL");
+    }
+    unifab::kernels::ep::WindowLayout layout;
+    UF_CHECK(unifabEpGroup::planLayout(*config, nRanks, &layout));
+    *bytes = layout.total;
+    return unifabSuccess;
+  });
+}
+
+UNIFAB_API unifabResult_t unifabEpCreate(ncclComm_t comm, const unifabEpConfig_t* config, unifabEpGroup_t* group) {
+  return guarded(LogComponent::kExt, "unifabEpCreate", [&] {
+    if (config == nullptr || group == nullptr) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpCreate: config and group must not be NULL");
+    }
+    *group = nullptr;
+    return unifabEpGroup::create(comm, *config, group);
+  });
+}
+
+UNIFAB_API unifabResult_t unifabEpDestroy(unifabEpGroup_t group) {
+  return guarded(LogComponent::kExt, "unifabEpDestroy", [&] {
+    delete group;
+    return unifabSuccess;
+  });
+}
+
+UNIFAB_API unifabResult_t unifabEpDispatch(unifabEpGroup_t group, const unifabEpDispatchArgs_t* args,
+                                           cudaStream_t stream, unifabEpHandle_t* handle,
+                                           unifabEpDispatchResult_t* result) {
+  return guarded(LogComponent::kExt, "unifabEpDispatch", [&] {
+    if (group == nullptr || args == nullptr || handle == nullptr || result == nullptr) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpDispatch: group, args, handle and result must not be NULL");
+    }
+    return group->dispatch(*args, stream, handle, result);
+  });
+}
+
+UNIFAB_API unifabResult_t unifabEpCombine(unifabEpGroup_t group, unifabEpHandle_t handle,
+                                          const unifabEpCombineArgs_t* args, cudaStream_t stream) {
+  return guarded(LogComponent::kExt, "unifabEpCombine", [&] {
+    if (group == nullptr || args == nullptr) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpCombine: group and args must not be NULL");
+    }
+    return group->combine(handle, *args, stream);
+  });
+}
+
+UNIFAB_API unifabResult_t unifabEpHandleDestroy(unifabEpHandle_t handle) {
+  return guarded(LogComponent::kExt, "unifabEpHandleDestroy", [&] {
+    delete handle;
+    return unifabSuccess;
+  });
+}
+
+UNIFAB_API unifabResult_t unifabEpGetAsyncError(unifabEpGroup_t group) {
+  return guarded(LogComponent::kExt, "unifabEpGetAsyncError", [&] {
+    if (group == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpGetAsyncError: group=NULL");
+    return group->asyncError();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,64 @@
+// CPU reference of expert-parallel dispatch and combine, and the deterministic inputs both sides
+// use: every rank can generate every rank's tokens from (seed, rank), so each rank computes what
+// it must receive and what combine must return without any communication.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace unifab::test::ep {
+
+struct Shape {
+  int nRanks = 1;
+  int numExperts = 0;
+  int hidden = 0;
+  int topk = 0;
+  int maxTokens = 0;
+  int localExperts() const { return numExperts / nRanks; }
+};
+
+struct RankInput {
+  int numTokens = 0;
+  bool fp8 = false;
+  std::vector<uint8_t> x;        // numTokens rows of hidden values (2 or 1 bytes each)
+  std::vector<float> scales;     // FP8: numTokens x hidden/128
+  std::vector<int64_t> topk;     // numTokens x topk, -1 masked, distinct otherwise
+  std::vector<float> weights;    // numTokens x topk
+};
+
+// Token counts vary per rank (uneven) in [maxTokens/4, maxTokens] unless `tokens` >= 0 fixes
+// them; about `maskPercent`% of the top-k entries are -1.
+RankInput makeInput(const Shape& shape, int rank, uint64_t seed, bool fp8, int maskPercent, int tokens = -1);
+
+// One received row.
+struct Row {
+  int sourceRank = 0;
+  int sourceToken = 0;
+  std::vector<int> localTopk;      // topk entries, -1 for other ranks' experts
+  std::vector<float> localWeights; // 0 for other ranks' experts
+};
+
+struct Received {
+  std::vector<Row> rankMajor;              // rows in (source rank, token) order
+  std::vector<int> rowsPerExpert;          // per local expert
+  std::vector<int> expertOffsets;          // aligned starts, size localExperts + 1
+  std::vector<int> expertRows;             // expert-major position -> rank-major row, -1 = padding
+};
+
+// What `rank` receives from all ranks' inputs, and its expert-major arrangement.
+Received expectedReceive(const Shape& shape, const std::vector<RankInput>& inputs, int rank, int alignment);
+
+// Expert output for the row of (source rank, token) on `rank`, for local expert `expert` (-1 in
+// rank-major mode): a deterministic BF16 pattern, as raw bits.
+uint16_t expertOutputValue(uint64_t seed, int rank, int sourceRank, int sourceToken, int expert, int element);
+
+// Combine result of `rank`'s tokens: hidden BF16 values per token, and the combined weights.
+void expectedCombine(const Shape& shape, const std::vector<RankInput>& inputs, int rank, bool expertMajor,
+                     bool weighted, uint64_t outputSeed, std::vector<uint16_t>* combined,
+                     std::vector<float>* combinedWeights);
+
+uint16_t floatToBf16(float value);  // round to nearest even, as __float2bfloat16_rn
+float bf16ToFloat(uint16_t bits);
+
+}  // namespace unifab::test::ep

@@ -1,0 +1,447 @@
+// High-throughput EP dispatch and combine against the CPU reference, one process per GPU under
+// unifab-launch (1 or more ranks). Every case draws fresh random inputs (uneven token counts per
+// rank, masked top-k entries), poisons the outputs, and checks bit for bit: payload bytes, FP8
+// scales, local expert ids, weights, sources, counts, and combine's sums in their fixed order.
+// Also: cached re-dispatch with new payloads, and dispatch + experts + combine captured in one
+// CUDA graph and replayed with fresh inputs.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/common/ep_device.h"
+#include "tests/common/ep_reference.h"
+#include "tests/common/nccl_session.h"
+#include "unifab/unifab.h"
+
+using namespace unifab::test;
+using namespace unifab::test::ep;
+
+namespace {
+
+int g_passed = 0;
+int g_failed = 0;
+int g_rank = 0;
+
+void check(bool ok, const std::string& what) {
+  if (ok) {
+    ++g_passed;
+  } else {
+    ++g_failed;
+    if (g_failed <= 20) printf("rank %d: FAIL %s\n", g_rank, what.c_str());
+  }
+}
+
+#define EP_CHECK(call)                                                                                  \
+  do {                                                                                                  \
+    unifabResult_t ep_r_ = (call);                                                                      \
+    if (ep_r_ != unifabSuccess) {                                                                       \
+      fprintf(stderr, "rank %d: %s failed: %s: %s\n", g_rank, #call, unifabGetErrorString(ep_r_), unifabGetLastError()); \
+      return false;                                                                                     \
+    }                                                                                                   \
+  } while (0)
+
+template <typename T>
+bool download(std::vector<T>* host, const void* device, size_t count, cudaStream_t stream) {
+  host->resize(count);
+  if (count == 0) return true;
+  TEST_CUDA_CHECK(cudaMemcpyAsync(host->data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, stream));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return true;
+}
+
+// Device copies of one rank's input.
+struct DeviceInput {
+  void* x = nullptr;
+  float* scales = nullptr;
+  void* topk = nullptr;
+  float* weights = nullptr;
+  bool allocate(const Shape& shape) {
+    size_t tokens = static_cast<size_t>(shape.maxTokens);
+    TEST_CUDA_CHECK(cudaMalloc(&x, tokens * shape.hidden * 2));
+    TEST_CUDA_CHECK(cudaMalloc(&scales, tokens * (shape.hidden / 128) * sizeof(float) + 16));
+    TEST_CUDA_CHECK(cudaMalloc(&topk, tokens * shape.topk * sizeof(int64_t)));
+    TEST_CUDA_CHECK(cudaMalloc(&weights, tokens * shape.topk * sizeof(float)));
+    return true;
+  }
+  bool upload(const RankInput& in, bool int32Ids, cudaStream_t stream) {
+    TEST_CUDA_CHECK(cudaMemcpyAsync(x, in.x.data(), in.x.size(), cudaMemcpyHostToDevice, stream));
+    if (in.fp8) {
+      TEST_CUDA_CHECK(cudaMemcpyAsync(scales, in.scales.data(), in.scales.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+    }
+    if (int32Ids) {
+      ids32.assign(in.topk.begin(), in.topk.end());
+      TEST_CUDA_CHECK(cudaMemcpyAsync(topk, ids32.data(), ids32.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    } else {
+      TEST_CUDA_CHECK(cudaMemcpyAsync(topk, in.topk.data(), in.topk.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
+    }
+    TEST_CUDA_CHECK(cudaMemcpyAsync(weights, in.weights.data(), in.weights.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+    TEST_CUDA_CHECK(cudaStreamSynchronize(stream));  // ids32 is reused by the next upload
+    return true;
+  }
+  std::vector<int32_t> ids32;
+};
+
+bool barrier(NcclSession& session, int* scratch) {
+  TEST_NCCL_CHECK(ncclAllReduce(scratch, scratch, 1, ncclInt32, ncclSum, session.comm(), session.stream()));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+  return true;
+}
+
+// Poisons every output array of the group (all ranks) so unwritten rows cannot pass.
+bool poison(NcclSession& session, const unifabEpDispatchResult_t& r, const Shape& shape, int* scratch) {
+  size_t rows = static_cast<size_t>(r.maxRows);
+  TEST_CUDA_CHECK(cudaMemsetAsync(r.recvX, 0xff, rows * shape.hidden * 2, session.stream()));
+  if (r.recvScales != nullptr) TEST_CUDA_CHECK(cudaMemsetAsync(r.recvScales, 0xff, rows * (shape.hidden / 128) * 4, session.stream()));
+  TEST_CUDA_CHECK(cudaMemsetAsync(r.recvTopkIdx, 0xee, rows * shape.topk * 4, session.stream()));
+  TEST_CUDA_CHECK(cudaMemsetAsync(r.recvTopkWeights, 0xff, rows * shape.topk * 4, session.stream()));
+  TEST_CUDA_CHECK(cudaMemsetAsync(r.recvSource, 0xee, rows * 2 * 4, session.stream()));
+  return barrier(session, scratch);  // no rank dispatches into memory another rank still poisons
+}
+
+struct Outputs {
+  std::vector<uint8_t> x;
+  std::vector<float> scales;
+  std::vector<int> topk;
+  std::vector<float> weights;
+  std::vector<int> source;
+  int rows = 0;
+  std::vector<int> perExpert;
+  std::vector<int> offsets;
+};
+
+bool fetch(const unifabEpDispatchResult_t& r, const Shape& shape, bool fp8, cudaStream_t stream, Outputs* o) {
+  std::vector<int> rows;
+  if (!download(&rows, r.numRecvRows, 1, stream)) return false;
+  o->rows = rows[0];
+  if (o->rows < 0 || o->rows > r.maxRows) {
+    check(false, "numRecvRows=" + std::to_string(o->rows) + " outside 0.." + std::to_string(r.maxRows));
+    return false;
+  }
+  size_t n = static_cast<size_t>(o->rows);
+  size_t valueBytes = fp8 ? 1 : 2;
+  return download(&o->x, r.recvX, n * shape.hidden * valueBytes, stream) &&
+         (!fp8 || download(&o->scales, r.recvScales, n * (shape.hidden / 128), stream)) &&
+         download(&o->topk, r.recvTopkIdx, n * shape.topk, stream) && download(&o->weights, r.recvTopkWeights, n * shape.topk, stream) &&
+         download(&o->source, r.recvSource, n * 2, stream) &&
+         download(&o->perExpert, r.recvRowsPerExpert, shape.localExperts(), stream) &&
+         download(&o->offsets, r.expertOffsets, shape.localExperts() + 1, stream);
+}
+
+// Compares output row `got` with the expected row of rank-major index `j`.
+void compareRow(const Shape& shape, const std::vector<RankInput>& inputs, const Received& expect, const Outputs& o,
+                size_t got, int j, const std::string& what) {
+  const Row& row = expect.rankMajor[j];
+  const RankInput& in = inputs[row.sourceRank];
+  bool ok = o.source[2 * got] == row.sourceRank && o.source[2 * got + 1] == row.sourceToken;
+  size_t rowBytes = static_cast<size_t>(shape.hidden) * (in.fp8 ? 1 : 2);
+  ok = ok && memcmp(&o.x[got * rowBytes], &in.x[static_cast<size_t>(row.sourceToken) * rowBytes], rowBytes) == 0;
+  if (in.fp8) {
+    size_t per = shape.hidden / 128;
+    ok = ok && memcmp(&o.scales[got * per], &in.scales[static_cast<size_t>(row.sourceToken) * per], per * 4) == 0;
+  }
+  for (int k = 0; k < shape.topk; ++k) {
+    ok = ok && o.topk[got * shape.topk + k] == row.localTopk[k];
+    ok = ok && memcmp(&o.weights[got * shape.topk + k], &row.localWeights[k], 4) == 0;
+  }
+  if (!ok) check(false, what + ": row " + std::to_string(got) + " (source " + std::to_string(row.sourceRank) + ":" +
+                            std::to_string(row.sourceToken) + ") differs");
+}
+
+bool verifyDispatch(const Shape& shape, const std::vector<RankInput>& inputs, int rank, bool expertMajor, int alignment,
+                    const Outputs& o, const std::string& what) {
+  Received expect = expectedReceive(shape, inputs, rank, alignment);
+  int failedBefore = g_failed;
+  check(o.perExpert == expect.rowsPerExpert, what + ": per-expert counts");
+  if (!expertMajor) {
+    check(o.rows == static_cast<int>(expect.rankMajor.size()),
+          what + ": " + std::to_string(o.rows) + " rows, expected " + std::to_string(expect.rankMajor.size()));
+    if (g_failed != failedBefore) return true;
+    for (size_t j = 0; j < expect.rankMajor.size(); ++j) compareRow(shape, inputs, expect, o, j, static_cast<int>(j), what);
+  } else {
+    check(o.offsets == expect.expertOffsets, what + ": expert offsets");
+    check(o.rows == expect.expertOffsets.back(),
+          what + ": " + std::to_string(o.rows) + " expert-major rows, expected " + std::to_string(expect.expertOffsets.back()));
+    if (g_failed != failedBefore) return true;
+    for (size_t p = 0; p < expect.expertRows.size(); ++p) {
+      if (expect.expertRows[p] >= 0) compareRow(shape, inputs, expect, o, p, expect.expertRows[p], what);
+    }
+  }
+  if (g_failed == failedBefore) ++g_passed;
+  return true;
+}
+
+bool verifyCombine(const Shape& shape, const std::vector<RankInput>& inputs, int rank, bool expertMajor, bool weighted,
+                   uint64_t outputSeed, const void* combinedX, const float* combinedWeights, cudaStream_t stream,
+                   const std::string& what) {
+  std::vector<uint16_t> expected;
+  std::vector<float> expectedWeights;
+  expectedCombine(shape, inputs, rank, expertMajor, weighted, outputSeed, &expected, &expectedWeights);
+  std::vector<uint16_t> got;
+  std::vector<float> gotWeights;
+  if (!download(&got, combinedX, expected.size(), stream) || !download(&gotWeights, combinedWeights, expectedWeights.size(), stream)) {
+    return false;
+  }
+  size_t bad = 0;
+  for (size_t i = 0; i < expected.size(); ++i) bad += got[i] != expected[i] ? 1 : 0;
+  check(bad == 0, what + ": " + std::to_string(bad) + " of " + std::to_string(expected.size()) + " combined values differ");
+  check(memcmp(gotWeights.data(), expectedWeights.data(), expectedWeights.size() * 4) == 0, what + ": combined weights");
+  return true;
+}
+
+struct Case {
+  Shape shape;
+  bool fp8;
+  bool expertMajor;
+  int alignment;
+  bool int32Ids;
+  bool hostCounts;
+  bool weighted;
+};
+
+std::string describe(const Case& c) {
+  char text[200];
+  snprintf(text, sizeof(text), "E%d H%d top-%d %s %s%s", c.shape.numExperts, c.shape.hidden, c.shape.topk,
+           c.fp8 ? "fp8" : "bf16", c.expertMajor ? "expert-major/" : "rank-major", c.expertMajor ? std::to_string(c.alignment).c_str() : "");
+  return text;
+}
+
+struct Buffers {
+  DeviceInput input;
+  uint16_t* expertOut = nullptr;
+  uint16_t* combined = nullptr;
+  float* combinedWeights = nullptr;
+  int* scratch = nullptr;
+};
+
+bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_t seed, Buffers& b,
+             unifabEpDispatchResult_t* last) {
+  const Shape& shape = c.shape;
+  const std::string what = describe(c) + " seed " + std::to_string(seed);
+  std::vector<RankInput> inputs;
+  for (int r = 0; r < shape.nRanks; ++r) inputs.push_back(makeInput(shape, r, seed, c.fp8, 10));
+  const RankInput& mine = inputs[session.rank()];
+  if (!b.input.upload(mine, c.int32Ids, session.stream())) return false;
+  if (!poison(session, *last, shape, b.scratch)) return false;
+
+  unifabEpDispatchArgs_t args = UNIFAB_EP_DISPATCH_ARGS_INIT;
+  args.numTokens = mine.numTokens;
+  args.dtype = c.fp8 ? unifabEpFp8E4M3 : unifabEpBf16;
+  args.x = b.input.x;
+  args.scales = b.input.scales;
+  args.topkIdx = b.input.topk;
+  args.topkIdxType = c.int32Ids ? unifabEpIndexInt32 : unifabEpIndexInt64;
+  args.topkWeights = b.input.weights;
+  args.layout = c.expertMajor ? unifabEpExpertMajor : unifabEpRankMajor;
+  args.expertAlignment = c.alignment;
+  args.hostCounts = c.hostCounts ? 1 : 0;
+  unifabEpHandle_t handle = nullptr;
+  unifabEpDispatchResult_t result;
+  result.size = sizeof(result);
+  EP_CHECK(unifabEpDispatch(group, &args, session.stream(), &handle, &result));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+  EP_CHECK(unifabEpGetAsyncError(group));
+  *last = result;
+  Outputs o;
+  if (!fetch(result, shape, c.fp8, session.stream(), &o)) return false;
+  verifyDispatch(shape, inputs, session.rank(), c.expertMajor, c.alignment, o, what);
+  if (c.hostCounts) {
+    check(result.hostNumRecvRows == o.rows, what + ": host row count");
+    bool same = true;
+    for (int e = 0; e < shape.localExperts(); ++e) same = same && result.hostRecvRowsPerExpert[e] == o.perExpert[e];
+    check(same, what + ": host per-expert counts");
+  }
+
+  // Experts, then combine back.
+  uint64_t outputSeed = seed * 7 + 3;
+  TEST_CUDA_CHECK(fillExpertOutputs(b.expertOut, shape.hidden, result.recvSource, result.numRecvRows, c.expertMajor,
+                                    result.expertOffsets, result.recvRowsPerExpert, shape.localExperts(), session.rank(),
+                                    outputSeed, result.maxRows, session.stream()));
+  TEST_CUDA_CHECK(cudaMemsetAsync(b.combined, 0xff, static_cast<size_t>(shape.maxTokens) * shape.hidden * 2, session.stream()));
+  TEST_CUDA_CHECK(cudaMemsetAsync(b.combinedWeights, 0xff, static_cast<size_t>(shape.maxTokens) * shape.topk * 4, session.stream()));
+  unifabEpCombineArgs_t cargs = UNIFAB_EP_COMBINE_ARGS_INIT;
+  cargs.expertOutput = b.expertOut;
+  cargs.weighted = c.weighted ? 1 : 0;
+  cargs.combinedX = b.combined;
+  cargs.combinedWeights = b.combinedWeights;
+  EP_CHECK(unifabEpCombine(group, handle, &cargs, session.stream()));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+  EP_CHECK(unifabEpGetAsyncError(group));
+  verifyCombine(shape, inputs, session.rank(), c.expertMajor, c.weighted && c.expertMajor, outputSeed, b.combined,
+                b.combinedWeights, session.stream(), what + " combine");
+
+  // Cached re-dispatch: same routing, new payload values.
+  std::vector<RankInput> again;
+  for (int r = 0; r < shape.nRanks; ++r) {
+    RankInput fresh = makeInput(shape, r, seed + 1000003, c.fp8, 10, inputs[r].numTokens);
+    fresh.topk = inputs[r].topk;
+    fresh.weights = inputs[r].weights;
+    again.push_back(fresh);
+  }
+  if (!b.input.upload(again[session.rank()], c.int32Ids, session.stream())) return false;
+  if (!poison(session, *last, shape, b.scratch)) return false;
+  args.cachedHandle = handle;
+  args.topkIdx = nullptr;
+  args.hostCounts = 0;
+  unifabEpHandle_t same = nullptr;
+  EP_CHECK(unifabEpDispatch(group, &args, session.stream(), &same, &result));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+  EP_CHECK(unifabEpGetAsyncError(group));
+  check(same == handle, what + ": cached dispatch returns its handle");
+  if (!fetch(result, shape, c.fp8, session.stream(), &o)) return false;
+  verifyDispatch(shape, again, session.rank(), c.expertMajor, c.alignment, o, what + " cached");
+  EP_CHECK(unifabEpHandleDestroy(handle));
+  return true;
+}
+
+// dispatch -> experts -> combine captured once, replayed with fresh inputs of the same size.
+bool runGraph(NcclSession& session, unifabEpGroup_t group, const Shape& shape, Buffers& b, int replays,
+              unifabEpDispatchResult_t* last) {
+  const int tokens = shape.maxTokens / 2 + session.rank();  // uneven, fixed for the graph
+  std::vector<RankInput> inputs;
+  for (int r = 0; r < shape.nRanks; ++r) inputs.push_back(makeInput(shape, r, 4242, false, 10, shape.maxTokens / 2 + r));
+  if (!b.input.upload(inputs[session.rank()], false, session.stream())) return false;
+  if (!barrier(session, b.scratch)) return false;
+  unifabEpDispatchArgs_t args = UNIFAB_EP_DISPATCH_ARGS_INIT;
+  args.numTokens = tokens;
+  args.x = b.input.x;
+  args.topkIdx = b.input.topk;
+  args.topkWeights = b.input.weights;
+  unifabEpCombineArgs_t cargs = UNIFAB_EP_COMBINE_ARGS_INIT;
+  cargs.expertOutput = b.expertOut;
+  cargs.combinedX = b.combined;
+  cargs.combinedWeights = b.combinedWeights;
+  unifabEpHandle_t handle = nullptr;
+  unifabEpDispatchResult_t result;
+  result.size = sizeof(result);
+  const uint64_t outputSeed = 99;
+  cudaGraph_t graph = nullptr;
+  TEST_CUDA_CHECK(cudaStreamBeginCapture(session.stream(), cudaStreamCaptureModeGlobal));
+  unifabResult_t dispatched = unifabEpDispatch(group, &args, session.stream(), &handle, &result);
+  cudaError_t filled = dispatched == unifabSuccess
+                           ? fillExpertOutputs(b.expertOut, shape.hidden, result.recvSource, result.numRecvRows, false,
+                                               result.expertOffsets, result.recvRowsPerExpert, shape.localExperts(),
+                                               session.rank(), outputSeed, result.maxRows, session.stream())
+                           : cudaSuccess;
+  unifabResult_t combined = dispatched == unifabSuccess ? unifabEpCombine(group, handle, &cargs, session.stream()) : dispatched;
+  TEST_CUDA_CHECK(cudaStreamEndCapture(session.stream(), &graph));
+  EP_CHECK(dispatched);
+  TEST_CUDA_CHECK(filled);
+  EP_CHECK(combined);
+  cudaGraphExec_t exec = nullptr;
+  TEST_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < replays; ++replay) {
+    std::vector<RankInput> fresh;
+    for (int r = 0; r < shape.nRanks; ++r) fresh.push_back(makeInput(shape, r, 5000 + replay, false, 10, shape.maxTokens / 2 + r));
+    if (!b.input.upload(fresh[session.rank()], false, session.stream())) return false;
+    if (!poison(session, result, shape, b.scratch)) return false;
+    TEST_CUDA_CHECK(cudaMemsetAsync(b.combined, 0xff, static_cast<size_t>(shape.maxTokens) * shape.hidden * 2, session.stream()));
+    TEST_CUDA_CHECK(cudaGraphLaunch(exec, session.stream()));
+    TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+    EP_CHECK(unifabEpGetAsyncError(group));
+    Outputs o;
+    if (!fetch(result, shape, false, session.stream(), &o)) return false;
+    std::string what = "graph replay " + std::to_string(replay);
+    verifyDispatch(shape, fresh, session.rank(), false, 1, o, what);
+    verifyCombine(shape, fresh, session.rank(), false, false, outputSeed, b.combined, b.combinedWeights,
+                  session.stream(), what + " combine");
+  }
+  *last = result;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  EP_CHECK(unifabEpHandleDestroy(handle));
+  return true;
+}
+
+bool runShape(NcclSession& session, Shape shape, int iterations, int replays) {
+  unifabEpConfig_t config = UNIFAB_EP_CONFIG_INIT;
+  config.numExperts = shape.numExperts;
+  config.maxTokensPerRank = shape.maxTokens;
+  config.hidden = shape.hidden;
+  config.topk = shape.topk;
+  unifabEpGroup_t group = nullptr;
+  EP_CHECK(unifabEpCreate(session.comm(), &config, &group));
+  Buffers b;
+  if (!b.input.allocate(shape)) return false;
+  unifabEpDispatchResult_t probe;
+  probe.size = sizeof(probe);
+  {
+    // An empty dispatch reveals where the outputs live, so every real one can be poisoned first.
+    unifabEpDispatchArgs_t args = UNIFAB_EP_DISPATCH_ARGS_INIT;
+    args.x = b.input.x;
+    args.topkIdx = b.input.topk;
+    unifabEpHandle_t handle = nullptr;
+    EP_CHECK(unifabEpDispatch(group, &args, session.stream(), &handle, &probe));
+    EP_CHECK(unifabEpHandleDestroy(handle));
+  }
+  size_t expertRows = static_cast<size_t>(shape.nRanks) * shape.maxTokens * std::min(shape.topk, shape.localExperts()) +
+                      static_cast<size_t>(shape.localExperts()) * 128;
+  TEST_CUDA_CHECK(cudaMalloc(&b.expertOut, expertRows * shape.hidden * 2));
+  TEST_CUDA_CHECK(cudaMalloc(&b.combined, static_cast<size_t>(shape.maxTokens) * shape.hidden * 2));
+  TEST_CUDA_CHECK(cudaMalloc(&b.combinedWeights, static_cast<size_t>(shape.maxTokens) * shape.topk * 4));
+  TEST_CUDA_CHECK(cudaMalloc(&b.scratch, sizeof(int)));
+  TEST_CUDA_CHECK(cudaMemset(b.scratch, 0, sizeof(int)));
+  unifabEpDispatchResult_t last = probe;
+  unifabEpDispatchResult_t lastExpert = probe;
+  bool knowExpert = false;
+  for (int i = 0; i < iterations; ++i) {
+    Case c{shape, i % 2 == 1, i % 4 >= 2, (i % 3 == 0) ? 1 : (i % 3 == 1 ? 8 : 64), i % 5 == 1, i % 7 == 0, i % 2 == 0};
+    uint64_t seed = 1000 * static_cast<uint64_t>(shape.numExperts) + 17 * static_cast<uint64_t>(i) + shape.hidden;
+    unifabEpDispatchResult_t& previous = c.expertMajor ? lastExpert : last;
+    if (c.expertMajor && !knowExpert) previous = last;  // the rank-major arrays are poisoned instead
+    if (!runCase(session, group, c, seed, b, &previous)) return false;
+    if (c.expertMajor) knowExpert = true;
+  }
+  if (replays > 0 && !runGraph(session, group, shape, b, replays, &last)) return false;
+  cudaFree(b.expertOut);
+  cudaFree(b.combined);
+  cudaFree(b.combinedWeights);
+  cudaFree(b.scratch);
+  cudaFree(b.input.x);
+  cudaFree(b.input.scales);
+  cudaFree(b.input.topk);
+  cudaFree(b.input.weights);
+  EP_CHECK(unifabEpDestroy(group));
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  RankEnvironment env = rankEnvironment();
+  int iterations = 8;
+  int replays = 5;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--iterations" && i + 1 < argc) iterations = atoi(argv[++i]);
+    else if (arg == "--replays" && i + 1 < argc) replays = atoi(argv[++i]);
+    else if (arg == "--quick") quick = true;
+  }
+  g_rank = env.rank;
+  NcclSession session;
+  if (!session.init(env)) return 1;
+  struct ShapeSpec {
+    int experts, hidden, topk, tokens;
+  };
+  std::vector<ShapeSpec> shapes = {{16, 2048, 1, 96}, {64, 4096, 6, 128}, {256, 7168, 8, 128}, {256, 2048, 8, 256}};
+  if (quick) shapes = {{64, 2048, 6, 64}};
+  for (const ShapeSpec& spec : shapes) {
+    Shape shape;
+    shape.nRanks = session.nRanks();
+    shape.numExperts = spec.experts;
+    shape.hidden = spec.hidden;
+    shape.topk = spec.topk;
+    shape.maxTokens = spec.tokens;
+    if (!runShape(session, shape, iterations, replays)) {
+      printf("rank %d: aborted in shape E%d H%d top-%d\n", env.rank, spec.experts, spec.hidden, spec.topk);
+      return 1;
+    }
+  }
+  printf("rank %d: %d passed, %d failed\n", env.rank, g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}

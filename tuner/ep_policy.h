@@ -1,0 +1,19 @@
+// How many SMs unifab's own expert-parallel kernels need: the fewest that keep the NVLink links
+// busy, from per-SM rates measured on H200 (docs/benchmarks): an SM issuing 16-byte or bulk
+// stores moves at most ~50 GB/s into a peer and ~63 GB/s into local memory, and a link direction
+// carries ~78% of its nominal rate.
+#pragma once
+
+namespace unifab::tuner {
+
+struct EpSmQuery {
+  int nRanks = 1;
+  int deviceSms = 0;            // SMs of the GPU
+  double nvlinkGBps = 0;        // nominal per direction; 0 = unknown
+};
+
+// SMs for the high-throughput dispatch or combine payload kernels, at least 4 and at most 24
+// (the budget DeepEP and its peers are measured with) and the device's count.
+int epHighThroughputSms(const EpSmQuery& query);
+
+}  // namespace unifab::tuner
