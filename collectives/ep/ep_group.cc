@@ -108,6 +108,8 @@ Result RoutingBuffers::allocate(const kep::GroupView& view) {
     Carver carve(static_cast<char*>(memory_));
     routing.tokenRanks = carve.take<uint64_t>(tokens);
     routing.tokenSlot = carve.take<int>(static_cast<size_t>(tokens) * n);
+    routing.topkIds = carve.take<int>(static_cast<size_t>(tokens) * view.topk);
+    routing.topkWeights = carve.take<float>(static_cast<size_t>(tokens) * view.topk);
     routing.sendCounts = carve.take<int>(n);
     routing.sendExpertCounts = carve.take<int>(view.numExperts);
     routing.sendOffset = carve.take<int>(n);

@@ -81,6 +81,8 @@ struct Routing {
   int numTokens;
   uint64_t* tokenRanks;      // [maxTokens]: bit r = token goes to rank r
   int* tokenSlot;            // [maxTokens][nRanks]: index among this rank's tokens for that destination
+  int* topkIds;              // [maxTokens][topk]: validated global expert ids (cached re-dispatch needs them)
+  float* topkWeights;        // [maxTokens][topk]
   int* sendCounts;           // [nRanks]
   int* sendExpertCounts;     // [numExperts]: (token, k) selections per global expert
   int* sendOffset;           // [nRanks]: first row this rank writes at each destination

@@ -90,18 +90,19 @@ __global__ void __launch_bounds__(kLayoutThreads) layoutKernel(GroupView g, Disp
     uint64_t mask = 0;
     if (t < input.numTokens) {
       for (int k = 0; k < g.topk; ++k) {
-        int64_t id = loadExpert(input.topkIdx, input.topkIdxIs32, static_cast<size_t>(t) * g.topk + k);
+        const size_t at = static_cast<size_t>(t) * g.topk + k;
+        int64_t id = loadExpert(input.topkIdx, input.topkIdxIs32, at);
         if (id < -1 || id >= g.numExperts) {
           raiseError(g.error, kErrorBadExpertId);  // treated as masked so the exchange still completes
-          continue;
+          id = -1;
         }
+        r.topkIds[at] = static_cast<int>(id);
+        r.topkWeights[at] = input.topkWeights != nullptr ? input.topkWeights[at] : 1.0f;
         if (id < 0) continue;
         mask |= 1ULL << (id / g.numLocalExperts);
         // An expert named twice by one token receives it once.
         bool repeated = false;
-        for (int q = 0; q < k && !repeated; ++q) {
-          repeated = loadExpert(input.topkIdx, input.topkIdxIs32, static_cast<size_t>(t) * g.topk + q) == id;
-        }
+        for (int q = 0; q < k && !repeated; ++q) repeated = r.topkIds[static_cast<size_t>(t) * g.topk + q] == id;
         if (!repeated) atomicAdd(&expertCount[id], 1);
       }
       r.tokenRanks[t] = mask;
@@ -191,9 +192,9 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchPayloadKernel(GroupView 
     int64_t id = -1;
     float weight = 0.0f;
     if (lane < g.topk) {
-      id = loadExpert(input.topkIdx, input.topkIdxIs32, static_cast<size_t>(t) * g.topk + lane);
-      if (id < -1 || id >= g.numExperts) id = -1;
-      weight = input.topkWeights != nullptr ? input.topkWeights[static_cast<size_t>(t) * g.topk + lane] : 1.0f;
+      // The routing's copy: a cached re-dispatch has no top-k input of its own.
+      id = r.topkIds[static_cast<size_t>(t) * g.topk + lane];
+      weight = r.topkWeights[static_cast<size_t>(t) * g.topk + lane];
     }
     const char* src = static_cast<const char*>(input.x) + static_cast<size_t>(t) * payloadBytes;
     while (mask != 0) {
@@ -219,8 +220,8 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchPayloadKernel(GroupView 
       }
     }
   }
-  // The barrier kernel that follows publishes these writes with a system-scope release.
-  __threadfence_system();
+  // No fence here: this kernel's stores are complete when it retires, before the barrier kernel
+  // that follows in the stream publishes them with a system-scope release.
 }
 
 // ---- phase barrier --------------------------------------------------------------------------
@@ -361,7 +362,6 @@ __global__ void __launch_bounds__(kCopyThreads) combineSendKernel(GroupView g, R
       w[lane] = weights[static_cast<size_t>(j) * g.topk + lane];
     }
   }
-  __threadfence_system();
 }
 
 // Warp per token of this rank: partials summed over ranks in ascending order.

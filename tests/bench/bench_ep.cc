@@ -153,7 +153,30 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   cargs.expertOutput = expertOut;
   cargs.combinedX = combined;
   auto combine = [&]() { return unifabEpCombine(group, handle, &cargs, session.stream()) == unifabSuccess; };
+  // Where the time goes: the same dispatch with the routing of the first one (no layout and no
+  // count exchange), and a dispatch of zero tokens (launches and the two exchanges alone).
+  unifabEpDispatchArgs_t cachedArgs = args;
+  cachedArgs.cachedHandle = handle;
+  cachedArgs.topkIdx = nullptr;
+  auto dispatchCached = [&]() {
+    unifabEpHandle_t h = nullptr;
+    unifabEpDispatchResult_t r;
+    r.size = sizeof(r);
+    return unifabEpDispatch(group, &cachedArgs, session.stream(), &h, &r) == unifabSuccess;
+  };
+  unifabEpDispatchArgs_t emptyArgs = args;
+  emptyArgs.numTokens = 0;
+  auto dispatchEmpty = [&]() {
+    unifabEpHandle_t h = nullptr;
+    unifabEpDispatchResult_t r;
+    r.size = sizeof(r);
+    if (unifabEpDispatch(group, &emptyArgs, session.stream(), &h, &r) != unifabSuccess) return false;
+    return unifabEpHandleDestroy(h) == unifabSuccess;
+  };
+  double cachedUs = 0, emptyUs = 0;
   if (!timeOp(session, timer, scratch, run, dispatch, &dispatchUs)) return false;
+  if (!timeOp(session, timer, scratch, run, dispatchCached, &cachedUs)) return false;
+  if (!timeOp(session, timer, scratch, run, dispatchEmpty, &emptyUs)) return false;
   if (!timeOp(session, timer, scratch, run, combine, &combineUs)) return false;
   BENCH_EP_CHECK(unifabEpGetAsyncError(group));
 
@@ -185,7 +208,10 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   if (!timeOp(session, timer, scratch, run, alltoall, &ncclUs)) return false;
 
   double localDispatch = dispatchUs, localCombine = combineUs, localNccl = ncclUs;
-  if (!slowest(session, &dispatchUs) || !slowest(session, &combineUs) || !slowest(session, &ncclUs)) return false;
+  if (!slowest(session, &dispatchUs) || !slowest(session, &combineUs) || !slowest(session, &ncclUs) ||
+      !slowest(session, &cachedUs) || !slowest(session, &emptyUs)) {
+    return false;
+  }
   const double dispatchBytes = static_cast<double>(rankMajorRows) * rowBytes;
   const double remoteDispatchBytes = static_cast<double>(remoteRows) * rowBytes;
   const double combineBytes = static_cast<double>(rankMajorRows) * run.hidden * 2;
@@ -202,6 +228,9 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
     printf("# %-22s %12s %16s %16s\n", "op", "time(us)", "DeepEP GB/s", "NVLink GB/s");
     printf("  %-22s %12.1f %16.1f %16.1f\n", "dispatch", dispatchUs, dispatchBytes / (dispatchUs * 1e3),
            remoteDispatchBytes / (dispatchUs * 1e3));
+    printf("  %-22s %12.1f %16.1f %16.1f\n", "dispatch, cached", cachedUs, dispatchBytes / (cachedUs * 1e3),
+           remoteDispatchBytes / (cachedUs * 1e3));
+    printf("  %-22s %12.1f %16s %16s\n", "dispatch, 0 tokens", emptyUs, "-", "-");
     printf("  %-22s %12.1f %16.1f %16.1f\n", "combine", combineUs, combineBytes / (combineUs * 1e3),
            remoteCombineBytes / (combineUs * 1e3));
     printf("  %-22s %12.1f %16.1f %16.1f\n", "nccl send/recv a2a", ncclUs, dispatchBytes / (ncclUs * 1e3),
