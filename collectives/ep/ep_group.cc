@@ -219,6 +219,7 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   const size_t cap = static_cast<size_t>(expertCapacity);
   unifab::collectives::ep::Carver sizing(nullptr);
   sizing.take<kep::Epochs>(1);
+  sizing.take<int>(1);
   sizing.take<char>(cap * layout.rowBytes);
   sizing.take<float>(cap * (config.hidden / kep::kScaleBlock));
   sizing.take<int>(cap * config.topk);
@@ -228,6 +229,7 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   UF_CUDA_CHECK(cudaMemset(group->deviceMemory_, 0, sizing.used()));
   unifab::collectives::ep::Carver carve(static_cast<char*>(group->deviceMemory_));
   v.epochs = carve.take<kep::Epochs>(1);
+  v.error = carve.take<int>(1);
   group->expertRows_.x = carve.take<char>(cap * layout.rowBytes);
   group->expertRows_.scales = carve.take<float>(cap * (config.hidden / kep::kScaleBlock));
   group->expertRows_.topk = carve.take<int>(cap * config.topk);
@@ -237,7 +239,7 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
 
   UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&group->hostError_), sizeof(int), cudaHostAllocMapped));
   *group->hostError_ = 0;
-  UF_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&v.error), group->hostError_, 0));
+  UF_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&v.hostError), group->hostError_, 0));
   UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&group->hostCounts_), sizeof(int) * (kep::kMaxExperts + 1),
                               cudaHostAllocDefault));
 
@@ -286,8 +288,11 @@ Result unifabEpGroup::asyncError() const {
 }
 
 Result unifabEpGroup::checkStream(cudaStream_t stream) const {
-  int device = -1;
-  UF_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  UF_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  int device = comm_->cudaDevice();
+  // Querying a capturing stream's device is not allowed; the current-device check below still is.
+  if (capture == cudaStreamCaptureStatusNone) UF_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
   if (device != comm_->cudaDevice()) {
     return UF_ERROR(unifabInvalidArgument, kExt, "stream belongs to CUDA device %d, the group to device %d", device,
                     comm_->cudaDevice());
@@ -340,6 +345,12 @@ Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStre
   if (a.numSms < 0 || a.numSms > deviceSms_ || (config_.maxSms > 0 && a.numSms > config_.maxSms)) {
     return UF_ERROR(unifabInvalidArgument, kExt, "numSms=%d is outside 0..%d", a.numSms,
                     config_.maxSms > 0 ? std::min(config_.maxSms, deviceSms_) : deviceSms_);
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone &&
+      (a.hostCounts != 0 || unifab::params().epValidateOnHost)) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "hostCounts=1 (or UNIFAB_EP_VALIDATE=1) waits for the GPU, which a capturing stream cannot do");
   }
   if (a.hostCounts != 0 && view_.numLocalExperts > 1024) {
     return UF_ERROR(unifabInvalidArgument, kExt, "hostCounts with %d local experts: the result holds at most 1024",

@@ -23,20 +23,21 @@ __device__ __forceinline__ uint64_t loadAcquire(const uint64_t* address) {
   return value;
 }
 
-// Records the first error of the group; later ones keep the first code.
-__device__ __forceinline__ void raiseError(int* error, int code) {
-  atomicCAS_system(error, 0, code);
+// Records the first error of the group in device memory and in its host-visible mirror; later
+// errors keep the first code.
+__device__ __forceinline__ void raiseError(int* error, int* hostError, int code) {
+  if (atomicCAS(error, 0, code) == 0) atomicCAS_system(hostError, 0, code);
 }
 
 // Waits until *address >= epoch. False on timeout (raising `timeoutCode`), or at once when an
 // earlier wait of the group already timed out: its peers are out of step.
 __device__ __forceinline__ bool waitEpoch(const uint64_t* address, uint64_t epoch, uint64_t timeoutNs, int* error,
-                                          int timeoutCode) {
+                                          int* hostError, int timeoutCode) {
   uint64_t start = globalTimerNs();
   while (loadAcquire(address) < epoch) {
     if (*reinterpret_cast<const volatile int*>(error) == timeoutCode) return false;
     if (globalTimerNs() - start > timeoutNs) {
-      raiseError(error, timeoutCode);
+      raiseError(error, hostError, timeoutCode);
       return false;
     }
   }

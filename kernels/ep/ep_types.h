@@ -64,7 +64,8 @@ struct GroupView {
   WindowLayout layout;
   char* peerBase[kMaxRanks];  // window base of every rank as this GPU addresses it (own included)
   Epochs* epochs;
-  int* error;                 // host-mapped; non-zero stops every later kernel of the group
+  int* error;                 // device memory: read by every kernel, so it must not cross PCIe
+  int* hostError;             // host-mapped mirror, written only when an error is raised
   uint64_t timeoutNs;
 };
 

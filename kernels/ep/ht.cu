@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kLayoutThreads) layoutKernel(GroupView g, Disp
         const size_t at = static_cast<size_t>(t) * g.topk + k;
         int64_t id = loadExpert(input.topkIdx, input.topkIdxIs32, at);
         if (id < -1 || id >= g.numExperts) {
-          raiseError(g.error, kErrorBadExpertId);  // treated as masked so the exchange still completes
+          raiseError(g.error, g.hostError, kErrorBadExpertId);  // treated as masked so the exchange still completes
           id = -1;
         }
         r.topkIds[at] = static_cast<int>(id);
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(256) countExchangeKernel(GroupView g, Routing 
     storeRelease(&control(g, threadIdx.x)->countsReady[g.rank], epoch);
   }
   if (threadIdx.x < static_cast<unsigned>(g.nRanks)) {
-    waitEpoch(&control(g, g.rank)->countsReady[threadIdx.x], epoch, g.timeoutNs, g.error, kErrorTimeout);
+    waitEpoch(&control(g, g.rank)->countsReady[threadIdx.x], epoch, g.timeoutNs, g.error, g.hostError, kErrorTimeout);
   }
   __syncthreads();
   if (timedOut(g)) return;
@@ -201,7 +201,8 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchPayloadKernel(GroupView 
       int d = __ffsll(static_cast<long long>(mask)) - 1;
       mask &= mask - 1;
       size_t row = static_cast<size_t>(r.sendOffset[d] + r.tokenSlot[static_cast<size_t>(t) * g.nRanks + d]);
-      warpCopy(at(g, d, L.recvX) + row * L.rowBytes, src, payloadBytes, lane);
+      // Rows are packed at the payload's own size: FP8 rows take half of a BF16 row.
+      warpCopy(at(g, d, L.recvX) + row * payloadBytes, src, payloadBytes, lane);
       if (input.dtype == Payload::kFp8) {
         float* scales = reinterpret_cast<float*>(at(g, d, L.recvScales)) + row * scalesPerRow;
         const float* in = input.scales + static_cast<size_t>(t) * scalesPerRow;
@@ -239,7 +240,7 @@ __global__ void phaseBarrierKernel(GroupView g, Phase phase) {
     storeRelease(word, epoch);
     Control* mine = control(g, g.rank);
     const uint64_t* flag = phase == Phase::kDispatch ? &mine->dispatchDone[threadIdx.x] : &mine->combineDone[threadIdx.x];
-    waitEpoch(flag, epoch, g.timeoutNs, g.error, kErrorTimeout);
+    waitEpoch(flag, epoch, g.timeoutNs, g.error, g.hostError, kErrorTimeout);
   }
   __syncthreads();
   if (threadIdx.x == 0) *counter = epoch;
@@ -279,7 +280,7 @@ __global__ void __launch_bounds__(kCopyThreads) expandKernel(GroupView g, Routin
     for (int i = warp; i < total; i += kCopyThreads / kWarp) {
       size_t from = static_cast<size_t>(rowIndex[i]);
       size_t to = static_cast<size_t>(base + placed + i);
-      warpCopy(out.x + to * payloadBytes, at(g, g.rank, L.recvX) + from * L.rowBytes, payloadBytes, lane);
+      warpCopy(out.x + to * payloadBytes, at(g, g.rank, L.recvX) + from * payloadBytes, payloadBytes, lane);
       if (dtype == Payload::kFp8) {
         const float* s = reinterpret_cast<const float*>(at(g, g.rank, L.recvScales)) + from * scalesPerRow;
         for (int q = lane; q < scalesPerRow; q += kWarp) out.scales[to * scalesPerRow + q] = s[q];
