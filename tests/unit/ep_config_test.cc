@@ -1,0 +1,75 @@
+// EP configuration checks and buffer sizing through the public C API (no GPU needed).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "unifab/unifab.h"
+
+namespace {
+
+unifabEpConfig_t standard() {
+  unifabEpConfig_t config = UNIFAB_EP_CONFIG_INIT;
+  config.numExperts = 256;
+  config.maxTokensPerRank = 4096;
+  config.hidden = 7168;
+  config.topk = 8;
+  return config;
+}
+
+TEST(EpConfig, BufferSizeCoversPayloadsAndCombineSlots) {
+  unifabEpConfig_t config = standard();
+  size_t bytes = 0;
+  ASSERT_EQ(unifabEpBufferSize(&config, 2, &bytes), unifabSuccess);
+  // Receive rows for 2 x 4096 tokens (BF16) plus the combine slots of 2 x 4096 tokens.
+  size_t payload = size_t{2} * 4096 * 7168 * 2;
+  EXPECT_GE(bytes, 2 * payload);
+  EXPECT_LT(bytes, 2 * payload + (size_t{16} << 20)) << "metadata should stay small next to the payload";
+  size_t eight = 0;
+  ASSERT_EQ(unifabEpBufferSize(&config, 8, &eight), unifabSuccess);
+  EXPECT_GT(eight, bytes) << "more ranks, more receive rows";
+}
+
+struct BadCase {
+  const char* field;
+  void (*mutate)(unifabEpConfig_t*, int*);
+  unifabResult_t expected;
+};
+
+TEST(EpConfig, EachBadFieldIsNamed) {
+  const BadCase cases[] = {
+      {"config->size", [](unifabEpConfig_t* c, int*) { c->size = 8; }, unifabInvalidArgument},
+      {"config->mode", [](unifabEpConfig_t* c, int*) { c->mode = static_cast<unifabEpMode_t>(7); }, unifabInvalidArgument},
+      {"config->numExperts", [](unifabEpConfig_t* c, int*) { c->numExperts = 255; }, unifabInvalidArgument},
+      {"config->numExperts", [](unifabEpConfig_t* c, int*) { c->numExperts = 4096; }, unifabInvalidArgument},
+      {"config->topk", [](unifabEpConfig_t* c, int*) { c->topk = 0; }, unifabInvalidArgument},
+      {"config->topk", [](unifabEpConfig_t* c, int*) { c->topk = 33; }, unifabInvalidArgument},
+      {"config->hidden", [](unifabEpConfig_t* c, int*) { c->hidden = 7000; }, unifabInvalidArgument},
+      {"config->maxTokensPerRank", [](unifabEpConfig_t* c, int*) { c->maxTokensPerRank = 0; }, unifabInvalidArgument},
+      {"config->maxSms", [](unifabEpConfig_t* c, int*) { c->maxSms = -1; }, unifabInvalidArgument},
+      {"ranks", [](unifabEpConfig_t*, int* n) { *n = 65; }, unifabInvalidUsage},
+  };
+  for (const BadCase& bad : cases) {
+    unifabEpConfig_t config = standard();
+    int nRanks = 2;
+    bad.mutate(&config, &nRanks);
+    size_t bytes = 12345;
+    EXPECT_EQ(unifabEpBufferSize(&config, nRanks, &bytes), bad.expected) << bad.field;
+    EXPECT_NE(std::string(unifabGetLastError()).find(bad.field), std::string::npos)
+        << "message '" << unifabGetLastError() << "' should name " << bad.field;
+    EXPECT_EQ(bytes, 12345u) << "no output on failure";
+  }
+  size_t bytes = 0;
+  EXPECT_EQ(unifabEpBufferSize(nullptr, 2, &bytes), unifabInvalidArgument);
+}
+
+TEST(EpConfig, NullGroupsAndHandlesAreRefused) {
+  EXPECT_EQ(unifabEpDispatch(nullptr, nullptr, nullptr, nullptr, nullptr), unifabInvalidArgument);
+  EXPECT_EQ(unifabEpCombine(nullptr, nullptr, nullptr, nullptr), unifabInvalidArgument);
+  EXPECT_EQ(unifabEpGetAsyncError(nullptr), unifabInvalidArgument);
+  unifabEpConfig_t config = standard();
+  unifabEpGroup_t group = nullptr;
+  EXPECT_EQ(unifabEpCreate(nullptr, &config, &group), unifabInvalidArgument);
+  EXPECT_EQ(group, nullptr);
+}
+
+}  // namespace
