@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "collectives/common/cuda_check.h"
@@ -14,6 +15,16 @@ using unifab::kLogInit;
 namespace kep = unifab::kernels::ep;
 
 namespace unifab::collectives::ep {
+// User structs may carry any bit pattern in an enum field; reading it as the enum type when it holds
+// an unlisted value is undefined behaviour in C++, so validation reads the raw integer instead.
+template <typename Enum>
+static int rawEnum(const Enum& field) {
+  static_assert(sizeof(Enum) == sizeof(int), "C enums in unifab.h are int-sized");
+  int value;
+  std::memcpy(&value, &field, sizeof value);
+  return value;
+}
+
 namespace {
 
 constexpr size_t kAlign = 256;
@@ -52,9 +63,9 @@ Result validateConfig(const unifabEpConfig_t* config, int nRanks) {
     return UF_ERROR(unifabInvalidArgument, kExt, "config->size=%zu, expected %zu: initialise it with UNIFAB_EP_CONFIG_INIT",
                     config->size, sizeof(unifabEpConfig_t));
   }
-  if (config->mode != unifabEpHighThroughput) {
+  if (rawEnum(config->mode) != unifabEpHighThroughput) {
     return UF_ERROR(unifabInvalidArgument, kExt, "config->mode=%d: this version offers unifabEpHighThroughput (0)",
-                    static_cast<int>(config->mode));
+                    rawEnum(config->mode));
   }
   if (nRanks < 1 || nRanks > kep::kMaxRanks) {
     return UF_ERROR(unifabInvalidUsage, kExt, "the communicator has %d ranks; EP groups support 1..%d", nRanks, kep::kMaxRanks);
@@ -149,6 +160,7 @@ void RoutingPool::give(std::unique_ptr<RoutingBuffers> buffers) {
 }  // namespace unifab::collectives::ep
 
 using unifab::collectives::ep::RoutingBuffers;
+using unifab::collectives::ep::rawEnum;
 
 unifabEpHandle::~unifabEpHandle() {
   if (pool && buffers) pool->give(std::move(buffers));
@@ -318,8 +330,8 @@ Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStre
     return UF_ERROR(unifabInvalidArgument, kExt, "numTokens=%d is outside 0..maxTokensPerRank=%d", a.numTokens,
                     config_.maxTokensPerRank);
   }
-  if (a.dtype != unifabEpBf16 && a.dtype != unifabEpFp8E4M3) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "dtype=%d is neither unifabEpBf16 nor unifabEpFp8E4M3", static_cast<int>(a.dtype));
+  if (rawEnum(a.dtype) != unifabEpBf16 && rawEnum(a.dtype) != unifabEpFp8E4M3) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "dtype=%d is neither unifabEpBf16 nor unifabEpFp8E4M3", rawEnum(a.dtype));
   }
   if (a.numTokens > 0 && (a.x == nullptr || !unifab::collectives::ep::aligned16(a.x))) {
     return UF_ERROR(unifabInvalidArgument, kExt, "x=%p must be a non-NULL device pointer aligned to 16 bytes", a.x);
@@ -331,11 +343,11 @@ Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStre
   if (a.cachedHandle == nullptr && a.numTokens > 0 && a.topkIdx == nullptr) {
     return UF_ERROR(unifabInvalidArgument, kExt, "topkIdx=NULL without a cachedHandle");
   }
-  if (a.topkIdxType != unifabEpIndexInt64 && a.topkIdxType != unifabEpIndexInt32) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "topkIdxType=%d is neither int64 (0) nor int32 (1)", static_cast<int>(a.topkIdxType));
+  if (rawEnum(a.topkIdxType) != unifabEpIndexInt64 && rawEnum(a.topkIdxType) != unifabEpIndexInt32) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "topkIdxType=%d is neither int64 (0) nor int32 (1)", rawEnum(a.topkIdxType));
   }
-  if (a.layout != unifabEpRankMajor && a.layout != unifabEpExpertMajor) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "layout=%d is neither rank-major (0) nor expert-major (1)", static_cast<int>(a.layout));
+  if (rawEnum(a.layout) != unifabEpRankMajor && rawEnum(a.layout) != unifabEpExpertMajor) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "layout=%d is neither rank-major (0) nor expert-major (1)", rawEnum(a.layout));
   }
   if (a.layout == unifabEpExpertMajor &&
       (a.expertAlignment < 1 || a.expertAlignment > unifab::collectives::ep::kMaxExpertAlignment)) {

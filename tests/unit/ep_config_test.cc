@@ -1,4 +1,5 @@
 // EP configuration checks and buffer sizing through the public C API (no GPU needed).
+#include <cstring>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -38,7 +39,10 @@ struct BadCase {
 TEST(EpConfig, EachBadFieldIsNamed) {
   const BadCase cases[] = {
       {"config->size", [](unifabEpConfig_t* c, int*) { c->size = 8; }, unifabInvalidArgument},
-      {"config->mode", [](unifabEpConfig_t* c, int*) { c->mode = static_cast<unifabEpMode_t>(7); }, unifabInvalidArgument},
+      {"config->mode", [](unifabEpConfig_t* c, int*) {
+         const int unlisted = 7;  // as a C caller could store it; a C++ enum cast of 7 would itself be UB
+         std::memcpy(&c->mode, &unlisted, sizeof unlisted);
+       }, unifabInvalidArgument},
       {"config->numExperts", [](unifabEpConfig_t* c, int*) { c->numExperts = 255; }, unifabInvalidArgument},
       {"config->numExperts", [](unifabEpConfig_t* c, int*) { c->numExperts = 4096; }, unifabInvalidArgument},
       {"config->topk", [](unifabEpConfig_t* c, int*) { c->topk = 0; }, unifabInvalidArgument},
