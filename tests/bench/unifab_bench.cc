@@ -1,8 +1,10 @@
 // unifab-bench: benchmarks of unifab's operations and of its NCCL plugin.
-//   unifab-bench                 the main demo for this machine (net loopback without GPUs)
+//   unifab-bench                 the main demo for this machine: ep over all local GPUs, net loopback without GPUs
 //   unifab-bench net  [...]      ncclNet table over loopback, no NCCL, no GPU
 //   unifab-bench coll [...]      NCCL collectives, one process per GPU, over unifab or NCCL's nets
 //   unifab-bench ep   [...]      expert-parallel dispatch/combine, one process per GPU
+#include <cuda_runtime_api.h>
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -13,7 +15,8 @@ namespace {
 
 void usage() {
   printf(
-      "usage: unifab-bench [net|coll] [options]\n"
+      "usage: unifab-bench [net|coll|ep] [options]\n"
+      "  (no command: ep over all local GPUs, or net where there is no GPU)\n"
       "  net   --min BYTES --max BYTES --window N --seconds S\n"
       "        bandwidth and latency of the ncclNet table over loopback (two comms, two threads)\n"
       "  coll  --op all_reduce|all_gather|reduce_scatter|alltoall --min BYTES --max BYTES --factor F --iters N\n"
@@ -33,9 +36,17 @@ int main(int argc, char** argv) {
     usage();
     return 0;
   }
-  if (command == "" || command == "net") {
-    // Without extension operations built yet, the loopback net benchmark is the demo everywhere.
-    unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, command.empty() ? 1 : 2);
+  if (command.empty()) {
+    // The demo is the main job where it can run: MoE dispatch/combine across every local GPU.
+    int gpus = 0;
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+    unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 1);
+    if (gpus > 0) return unifab::bench::runEp(args, argv[0]);
+    printf("# no CUDA device: demo of the net plugin over loopback instead of expert-parallel dispatch\n");
+    return unifab::bench::runNet(args);
+  }
+  if (command == "net") {
+    unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
     return unifab::bench::runNet(args);
   }
   if (command == "coll") {
