@@ -56,6 +56,19 @@ __device__ int blockExclusiveScan(int value, int* total) {
   return warpPrefix + inclusive - value;
 }
 
+// Kernels that hand out whole rows stride over all warps of the grid.
+struct GridWarp {
+  int lane;   // lane within the warp
+  int warp;   // this warp's index in the grid
+  int count;  // warps in the grid
+};
+
+__device__ __forceinline__ GridWarp gridWarp() {
+  const int perBlock = blockDim.x / kWarp;
+  return {static_cast<int>(threadIdx.x % kWarp), static_cast<int>(blockIdx.x * perBlock + threadIdx.x / kWarp),
+          static_cast<int>(gridDim.x * perBlock)};
+}
+
 __device__ __forceinline__ int64_t loadExpert(const void* topkIdx, bool is32, size_t index) {
   return is32 ? static_cast<int64_t>(static_cast<const int32_t*>(topkIdx)[index])
               : static_cast<const int64_t*>(topkIdx)[index];
@@ -180,10 +193,8 @@ __global__ void __launch_bounds__(256) countExchangeKernel(GroupView g, Routing 
 
 __global__ void __launch_bounds__(kCopyThreads) dispatchPayloadKernel(GroupView g, DispatchInput input, Routing r) {
   if (timedOut(g)) return;
-  const int lane = threadIdx.x % kWarp;
-  const int warpsPerBlock = blockDim.x / kWarp;
-  const int warp = blockIdx.x * warpsPerBlock + threadIdx.x / kWarp;
-  const int warps = gridDim.x * warpsPerBlock;
+  const GridWarp gw = gridWarp();
+  const int lane = gw.lane, warp = gw.warp, warps = gw.count;
   const int payloadBytes = g.hidden * payloadBytesPerValue(input.dtype);
   const int scalesPerRow = g.hidden / kScaleBlock;
   const WindowLayout& L = g.layout;
@@ -320,10 +331,8 @@ __device__ __forceinline__ int4 floatToBf16x8(const float* f) {
 __global__ void __launch_bounds__(kCopyThreads) combineSendKernel(GroupView g, Routing r, CombineInput in,
                                                                   ExpertMajorRows expertRows) {
   if (timedOut(g)) return;
-  const int lane = threadIdx.x % kWarp;
-  const int warpsPerBlock = blockDim.x / kWarp;
-  const int warp = blockIdx.x * warpsPerBlock + threadIdx.x / kWarp;
-  const int warps = gridDim.x * warpsPerBlock;
+  const GridWarp gw = gridWarp();
+  const int lane = gw.lane, warp = gw.warp, warps = gw.count;
   const WindowLayout& L = g.layout;
   const int rows = *r.numRecvRows;
   const int rowBytes = g.hidden * 2;
@@ -368,10 +377,8 @@ __global__ void __launch_bounds__(kCopyThreads) combineSendKernel(GroupView g, R
 // Warp per token of this rank: partials summed over ranks in ascending order.
 __global__ void __launch_bounds__(kCopyThreads) combineReduceKernel(GroupView g, Routing r, CombineInput in) {
   if (timedOut(g)) return;
-  const int lane = threadIdx.x % kWarp;
-  const int warpsPerBlock = blockDim.x / kWarp;
-  const int warp = blockIdx.x * warpsPerBlock + threadIdx.x / kWarp;
-  const int warps = gridDim.x * warpsPerBlock;
+  const GridWarp gw = gridWarp();
+  const int lane = gw.lane, warp = gw.warp, warps = gw.count;
   const WindowLayout& L = g.layout;
   const int rowBytes = g.hidden * 2;
   const int vectors = rowBytes / 16;

@@ -86,11 +86,7 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   // Uniform routing, no masked entries: the standard benchmark shape.
   test::ep::RankInput input = test::ep::makeInput(shape, env.rank, 777, run.fp8, 0, run.tokens);
 
-  unifabEpConfig_t config = UNIFAB_EP_CONFIG_INIT;
-  config.numExperts = run.experts;
-  config.maxTokensPerRank = run.tokens;
-  config.hidden = run.hidden;
-  config.topk = run.topk;
+  unifabEpConfig_t config = test::ep::groupConfig(shape);
   unifabEpGroup_t group = nullptr;
   BENCH_EP_CHECK(unifabEpCreate(session.comm(), &config, &group));
 
@@ -142,12 +138,16 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   TEST_CUDA_CHECK(cudaMalloc(&timer.flush, timer.flushBytes));
 
   double dispatchUs = 0, combineUs = 0, ncclUs = 0;
-  auto dispatch = [&]() {
-    unifabEpHandle_t h = nullptr;
-    unifabEpDispatchResult_t r;
-    r.size = sizeof(r);
-    if (unifabEpDispatch(group, &args, session.stream(), &h, &r) != unifabSuccess) return false;
-    return unifabEpHandleDestroy(h) == unifabSuccess;
+  // One timed dispatch with `a`; a fresh routing handle is released at once, a cached one is the
+  // caller's and stays.
+  auto dispatchOf = [&](const unifabEpDispatchArgs_t& a) {
+    return [&, call = &a]() {
+      unifabEpHandle_t h = nullptr;
+      unifabEpDispatchResult_t r;
+      r.size = sizeof(r);
+      if (unifabEpDispatch(group, call, session.stream(), &h, &r) != unifabSuccess) return false;
+      return call->cachedHandle != nullptr || unifabEpHandleDestroy(h) == unifabSuccess;
+    };
   };
   unifabEpCombineArgs_t cargs = UNIFAB_EP_COMBINE_ARGS_INIT;
   cargs.expertOutput = expertOut;
@@ -158,21 +158,11 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   unifabEpDispatchArgs_t cachedArgs = args;
   cachedArgs.cachedHandle = handle;
   cachedArgs.topkIdx = nullptr;
-  auto dispatchCached = [&]() {
-    unifabEpHandle_t h = nullptr;
-    unifabEpDispatchResult_t r;
-    r.size = sizeof(r);
-    return unifabEpDispatch(group, &cachedArgs, session.stream(), &h, &r) == unifabSuccess;
-  };
   unifabEpDispatchArgs_t emptyArgs = args;
   emptyArgs.numTokens = 0;
-  auto dispatchEmpty = [&]() {
-    unifabEpHandle_t h = nullptr;
-    unifabEpDispatchResult_t r;
-    r.size = sizeof(r);
-    if (unifabEpDispatch(group, &emptyArgs, session.stream(), &h, &r) != unifabSuccess) return false;
-    return unifabEpHandleDestroy(h) == unifabSuccess;
-  };
+  auto dispatch = dispatchOf(args);
+  auto dispatchCached = dispatchOf(cachedArgs);
+  auto dispatchEmpty = dispatchOf(emptyArgs);
   double cachedUs = 0, emptyUs = 0;
   if (!timeOp(session, timer, scratch, run, dispatch, &dispatchUs)) return false;
   if (!timeOp(session, timer, scratch, run, dispatchCached, &cachedUs)) return false;

@@ -6,6 +6,9 @@
 
 #include <cstdint>
 
+#include "tests/common/ep_reference.h"
+#include "unifab/unifab.h"
+
 namespace unifab::test::ep {
 
 // Row p of `out` (hidden BF16 values) gets expertOutputBits(seed, rank, source of p, expert of p);
@@ -13,5 +16,15 @@ namespace unifab::test::ep {
 cudaError_t fillExpertOutputs(uint16_t* out, int hidden, const int* source, const int* numRows, bool expertMajor,
                               const int* expertOffsets, const int* rowsPerExpert, int localExperts, int rank,
                               uint64_t seed, int maxRows, cudaStream_t stream);
+
+// The group configuration a test or benchmark shape asks for (mode and SM cap at their defaults).
+inline unifabEpConfig_t groupConfig(const Shape& shape) {
+  unifabEpConfig_t config = UNIFAB_EP_CONFIG_INIT;
+  config.numExperts = shape.numExperts;
+  config.maxTokensPerRank = shape.maxTokens;
+  config.hidden = shape.hidden;
+  config.topk = shape.topk;
+  return config;
+}
 
 }  // namespace unifab::test::ep

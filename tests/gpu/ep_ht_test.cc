@@ -358,11 +358,7 @@ bool runGraph(NcclSession& session, unifabEpGroup_t group, const Shape& shape, B
 }
 
 bool runShape(NcclSession& session, Shape shape, int iterations, int replays) {
-  unifabEpConfig_t config = UNIFAB_EP_CONFIG_INIT;
-  config.numExperts = shape.numExperts;
-  config.maxTokensPerRank = shape.maxTokens;
-  config.hidden = shape.hidden;
-  config.topk = shape.topk;
+  unifabEpConfig_t config = groupConfig(shape);
   unifabEpGroup_t group = nullptr;
   EP_CHECK(unifabEpCreate(session.comm(), &config, &group));
   Buffers b;
