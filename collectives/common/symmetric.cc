@@ -17,10 +17,10 @@ std::map<ncclComm_t, std::weak_ptr<DeviceComm>> g_registry;
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
-    cudaGetDevice(&previous_);
-    if (previous_ != device) cudaSetDevice(device);
+    UF_CUDA_WARN(cudaGetDevice(&previous_));
+    if (previous_ != device) UF_CUDA_WARN(cudaSetDevice(device));
   }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
+  ~DeviceGuard() { UF_CUDA_WARN(cudaSetDevice(previous_)); }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
@@ -41,11 +41,11 @@ Result hostBarrier(const DeviceComm& comm) {
     result = UF_ERROR(unifabRemoteError, kExt, "barrier over the communicator failed: %s",
                       comm.nccl().getLastError(comm.comm()));
   }
-  if (scratch != nullptr) cudaFreeAsync(scratch, stream);
+  if (scratch != nullptr) UF_CUDA_WARN(cudaFreeAsync(scratch, stream));
   if (cudaStreamSynchronize(stream) != cudaSuccess && result == unifabSuccess) {
     result = UF_ERROR(unifabUnhandledCudaError, kExt, "barrier stream failed");
   }
-  cudaStreamDestroy(stream);
+  UF_CUDA_WARN(cudaStreamDestroy(stream));
   return result;
 }
 
@@ -115,8 +115,8 @@ Result SymmetricWindow::create(std::shared_ptr<DeviceComm> comm, size_t bytes, s
   cudaError_t copied = launched == cudaSuccess ? cudaDeviceSynchronize() : launched;
   if (copied == cudaSuccess) copied = cudaMemcpy(created->peerBases_.data(), deviceBases, sizeof(char*) * lsaSize, cudaMemcpyDeviceToHost);
   if (copied == cudaSuccess) copied = cudaMemcpy(probes.data(), deviceProbe, sizeof(int) * lsaSize, cudaMemcpyDeviceToHost);
-  cudaFree(deviceBases);
-  cudaFree(deviceProbe);
+  UF_CUDA_WARN(cudaFree(deviceBases));
+  UF_CUDA_WARN(cudaFree(deviceProbe));
   if (copied != cudaSuccess) {
     return UF_ERROR(unifabInvalidUsage, kExt,
                     "reading the window of the LSA peers failed (%s): the communicator has no device-API support "

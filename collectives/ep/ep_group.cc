@@ -107,7 +107,7 @@ const char* errorName(int code) {
 }  // namespace
 
 RoutingBuffers::~RoutingBuffers() {
-  if (memory_ != nullptr) cudaFree(memory_);
+  if (memory_ != nullptr) UF_CUDA_WARN(cudaFree(memory_));
 }
 
 Result RoutingBuffers::allocate(const kep::GroupView& view) {
@@ -283,12 +283,12 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
 unifabEpGroup::~unifabEpGroup() {
   if (comm_) {
     int device = comm_->cudaDevice();
-    cudaSetDevice(device);
-    cudaDeviceSynchronize();  // outstanding kernels of the group still use its memory
+    UF_CUDA_WARN(cudaSetDevice(device));
+    UF_CUDA_WARN(cudaDeviceSynchronize());  // outstanding kernels of the group still use its memory
   }
-  if (deviceMemory_ != nullptr) cudaFree(deviceMemory_);
-  if (hostError_ != nullptr) cudaFreeHost(hostError_);
-  if (hostCounts_ != nullptr) cudaFreeHost(hostCounts_);
+  if (deviceMemory_ != nullptr) UF_CUDA_WARN(cudaFree(deviceMemory_));
+  if (hostError_ != nullptr) UF_CUDA_WARN(cudaFreeHost(hostError_));
+  if (hostCounts_ != nullptr) UF_CUDA_WARN(cudaFreeHost(hostCounts_));
   window_.reset();  // collective deregistration
 }
 
