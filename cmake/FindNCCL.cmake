@@ -4,8 +4,8 @@
 # search is explicit and reports where it found NCCL. Order:
 #   1. NCCL_HOME (CMake variable or environment variable),
 #   2. the CUDA toolkit's NCCL (include/ and lib/ next to nvcc),
-#   3. the NCCL that PyTorch ships (site-packages/nvidia/nccl of the first python3 found, then
-#      /opt/torch/.venv).
+#   3. NVIDIA's nvidia-nccl wheel: site-packages/nvidia/nccl of the first python3 found (PyTorch's
+#      NCCL), then the private environment that .ci/setup creates in build/.nccl-venv.
 # Only the first root that has both nccl.h and the library is used; the system paths are never
 # searched implicitly, so a stray /usr/include/nccl.h of another version cannot be mixed in.
 #
@@ -63,10 +63,11 @@ if(NOT NCCL_INCLUDE_DIR)
       list(APPEND _unifab_nccl_py_roots "${_unifab_py_nccl}")
     endif()
   endif()
-  file(GLOB _unifab_venv_nccl "/opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl")
+  # The private environment .ci/setup installs NVIDIA's wheel into when nothing else has NCCL.
+  file(GLOB _unifab_venv_nccl "${PROJECT_SOURCE_DIR}/build/.nccl-venv/lib/python3*/site-packages/nvidia/nccl")
   list(APPEND _unifab_nccl_py_roots ${_unifab_venv_nccl})
   foreach(_root IN LISTS _unifab_nccl_py_roots)
-    _unifab_nccl_try("${_root}" "PyTorch (nvidia/nccl)")
+    _unifab_nccl_try("${_root}" "the nvidia-nccl wheel")
   endforeach()
 endif()
 

@@ -20,6 +20,7 @@ struct ParamEntry {
   const char* choices;  // comma-separated, for kChoice
   // Stores the parsed value of this parameter into `params`.
   void (*apply)(Params& params, int64_t integer, double real, const std::string& text);
+  bool zeroMeansOff = false;  // 0 is accepted below `min` (documented as "0 or min..max")
 };
 
 constexpr int64_t kKiB = 1024;
@@ -63,7 +64,8 @@ const std::vector<ParamEntry>& entries() {
       {{"UNIFAB_SOCKET_INLINE_BYTES", ParamType::kSize, "64K", "0 or 1K..1M",
         "Payloads up to this size are moved by the thread that posts or tests the request (NCCL's "
         "proxy) instead of a progress thread; 0 disables this"},
-       1024, 1 << 20, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.socketInlineBytes = v; }},
+       1024, 1 << 20, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.socketInlineBytes = v; },
+       true},
       {{"UNIFAB_SOCKET_MAX_RECVS", ParamType::kInt, "8", "1..8",
         "Buffers one grouped receive may carry (reported to NCCL as maxRecvs)"},
        1, 8, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.socketMaxRecvs = static_cast<int>(v); }},
@@ -73,7 +75,8 @@ const std::vector<ParamEntry>& entries() {
        [](Params& p, int64_t v, double, const std::string&) { p.socketSpeedMbps = static_cast<int>(v); }},
       {{"UNIFAB_SOCKET_BUFFER_BYTES", ParamType::kSize, "0", "0 or 4K..1G",
         "SO_SNDBUF/SO_RCVBUF of each stream; 0 keeps the kernel's autotuning"},
-       0, kGiB, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.socketBufferBytes = v; }},
+       4 * kKiB, kGiB, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.socketBufferBytes = v; },
+       true},
       {{"UNIFAB_TUNER_ENABLE", ParamType::kBool, "1", "0 or 1",
         "0 leaves every NCCL cost table untouched"},
        0, 1, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.tunerEnable = v != 0; }},
@@ -114,8 +117,7 @@ bool parseValue(const ParamEntry& entry, const char* text, int64_t* integer, dou
     case ParamType::kInt:
       return parseInt64(text, entry.min, entry.max, integer);
     case ParamType::kSize:
-      // A zero default means "off": accept 0 even when the lower bound is larger.
-      if (parseSize(text, 0, 0, integer)) return true;
+      if (entry.zeroMeansOff && parseSize(text, 0, 0, integer)) return true;
       return parseSize(text, entry.min, entry.max, integer);
     case ParamType::kBool: {
       bool value = false;

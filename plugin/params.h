@@ -39,7 +39,7 @@ struct Params {
 
 enum class ParamType { kInt, kSize, kBool, kString, kChoice, kFloat };
 
-// Description of one parameter, for documentation checks and `unifab-bench --params`.
+// Description of one parameter, for the README table check (unit.params) and warnings.
 struct ParamInfo {
   const char* name;
   ParamType type;

@@ -24,7 +24,8 @@ if [ -z "${NCCL_HOME:-}" ]; then
     [ -f "$candidate/include/nccl.h" ] && export NCCL_HOME="$candidate"
   done
 fi
-export PATH="/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH"
+[ -d /opt/torch/.venv/bin ] && export PATH="/opt/torch/.venv/bin:$PATH"
+export PATH="/usr/local/cuda/bin:$PATH"
 export LD_LIBRARY_PATH="${NCCL_HOME:+$NCCL_HOME/lib:}${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0            # NVLink multicast is banned on these machines
 export NCCL_SOCKET_IFNAME=lo UNIFAB_SOCKET_IFNAME=lo

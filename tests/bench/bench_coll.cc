@@ -15,16 +15,6 @@ namespace {
 
 using test::Collective;
 
-bool collectiveByName(const std::string& name, Collective* out) {
-  for (int c = 0; c < static_cast<int>(Collective::kCount); ++c) {
-    if (name == test::collectiveName(static_cast<Collective>(c))) {
-      *out = static_cast<Collective>(c);
-      return true;
-    }
-  }
-  return false;
-}
-
 double busFactor(Collective collective, int nRanks) {
   double n = nRanks;
   return collective == Collective::kAllReduce ? 2 * (n - 1) / n : (n - 1) / n;
@@ -44,11 +34,9 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
   if (!session.init(env)) return false;
   size_t maxElements = run.maxBytes / sizeof(float) + 1;
   float *send = nullptr, *recv = nullptr;
-  double* stat = nullptr;
   unsigned long long* wrong = nullptr;
   TEST_CUDA_CHECK(cudaMalloc(&send, maxElements * sizeof(float)));
   TEST_CUDA_CHECK(cudaMalloc(&recv, maxElements * sizeof(float)));
-  TEST_CUDA_CHECK(cudaMalloc(&stat, sizeof(double)));
   TEST_CUDA_CHECK(cudaMalloc(&wrong, sizeof(unsigned long long)));
   cudaEvent_t start, stop;
   TEST_CUDA_CHECK(cudaEventCreate(&start));
@@ -67,7 +55,7 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
     size_t sendCount = 0, recvCount = 0;
     if (!test::bufferCounts(run.collective, bytes, env.nRanks, &sendCount, &recvCount)) continue;
     uint32_t seed = static_cast<uint32_t>(bytes);
-    TEST_CUDA_CHECK(test::fillInput(run.collective, send, sendCount, env.rank, seed, session.stream()));
+    TEST_CUDA_CHECK(test::fillInput(send, sendCount, env.rank, seed, session.stream()));
     for (int i = 0; i < run.warmup; ++i) {
       if (!session.run(run.collective, send, recv, sendCount, recvCount)) return false;
     }
@@ -90,10 +78,7 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
     double results[2] = {median(samples), percentile(samples, 0.9)};
     unsigned long long mismatches = 0;
     for (double& value : results) {
-      TEST_CUDA_CHECK(cudaMemcpyAsync(stat, &value, sizeof(double), cudaMemcpyHostToDevice, session.stream()));
-      TEST_NCCL_CHECK(ncclAllReduce(stat, stat, 1, ncclFloat64, ncclMax, session.comm(), session.stream()));
-      TEST_CUDA_CHECK(cudaMemcpyAsync(&value, stat, sizeof(double), cudaMemcpyDeviceToHost, session.stream()));
-      TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+      if (!session.maxOverRanks(&value)) return false;
     }
     TEST_NCCL_CHECK(ncclAllReduce(wrong, wrong, 1, ncclUint64, ncclSum, session.comm(), session.stream()));
     TEST_CUDA_CHECK(cudaMemcpyAsync(&mismatches, wrong, sizeof(mismatches), cudaMemcpyDeviceToHost, session.stream()));
@@ -119,7 +104,6 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
   cudaEventDestroy(stop);
   cudaFree(send);
   cudaFree(recv);
-  cudaFree(stat);
   cudaFree(wrong);
   return true;
 }
@@ -129,7 +113,7 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
 int runColl(Args& args, const char* self) {
   RankRun run;
   std::string op = args.value("--op", "all_reduce");
-  if (!collectiveByName(op, &run.collective)) {
+  if (!test::collectiveByName(op.c_str(), &run.collective)) {
     fprintf(stderr, "unifab-bench coll: unknown --op %s (all_reduce, all_gather, reduce_scatter, alltoall)\n",
             op.c_str());
     return 2;
@@ -157,42 +141,22 @@ int runColl(Args& args, const char* self) {
   if (env.launched) return runRank(run, env) ? 0 : 1;
 
   // Not started by a launcher: start one process per GPU, each running this same command.
-  int nRanks = atoi(ranksText.c_str());
-  if (nRanks <= 0) {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 1) {
-      fprintf(stderr, "unifab-bench coll: no CUDA device\n");
-      return 1;
-    }
-    nRanks = devices;
-  }
-  test::LaunchOptions launch;
-  launch.nRanks = nRanks;
-  launch.environment.push_back(std::string("NCCL_NVLS_ENABLE=") + (getenv("NCCL_NVLS_ENABLE") ? getenv("NCCL_NVLS_ENABLE") : "0"));
-  // All ranks run on this machine: keep NCCL's bootstrap and both socket transports on loopback
-  // unless the caller chose interfaces.
-  for (const char* variable : {"NCCL_SOCKET_IFNAME", "UNIFAB_SOCKET_IFNAME"}) {
-    if (getenv(variable) == nullptr) launch.environment.push_back(std::string(variable) + "=lo");
-  }
+  std::vector<std::string> environment;
   if (net == "unifab") {
     std::string library = unifabLibraryPath();
     if (library.empty()) {
       fprintf(stderr, "unifab-bench coll: cannot locate libnccl-unifab.so\n");
       return 1;
     }
-    launch.environment.insert(launch.environment.end(), {"NCCL_NET_PLUGIN=" + library, "NCCL_NET=unifab",
-                                                         "NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1"});
+    environment = {"NCCL_NET_PLUGIN=" + library, "NCCL_NET=unifab", "NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1"};
   } else if (net == "socket") {
-    launch.environment.insert(launch.environment.end(), {"NCCL_NET_PLUGIN=none", "NCCL_NET=Socket",
-                                                         "NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1"});
+    environment = {"NCCL_NET_PLUGIN=none", "NCCL_NET=Socket", "NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1"};
   } else if (net != "nvlink") {
     fprintf(stderr, "unifab-bench coll: --net must be unifab, socket or nvlink\n");
     return 2;
   }
-  if (tuner == "none") launch.environment.push_back("NCCL_TUNER_PLUGIN=none");
-  std::vector<std::string> argv = {self, "coll"};
-  for (const std::string& item : args.items) argv.push_back(item);
-  return test::launchRanks(launch, argv);
+  if (tuner == "none") environment.push_back("NCCL_TUNER_PLUGIN=none");
+  return relaunchPerGpu(self, "coll", args, atoi(ranksText.c_str()), environment);
 }
 
 }  // namespace unifab::bench

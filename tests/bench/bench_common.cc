@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include <cuda_runtime_api.h>
+
+#include "tests/common/rank_launcher.h"
 #include "unifab/unifab.h"
 
 namespace unifab::bench {
@@ -93,6 +96,26 @@ std::string unifabLibraryPath() {
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&unifabGetVersion), &info) == 0 || info.dli_fname == nullptr) return "";
   return info.dli_fname;
+}
+
+int relaunchPerGpu(const char* self, const char* command, const Args& args, int nRanks,
+                   const std::vector<std::string>& environment) {
+  if (nRanks <= 0 && (cudaGetDeviceCount(&nRanks) != cudaSuccess || nRanks < 1)) {
+    fprintf(stderr, "unifab-bench %s: no CUDA device\n", command);
+    return 1;
+  }
+  test::LaunchOptions launch;
+  launch.nRanks = nRanks;
+  const char* nvls = getenv("NCCL_NVLS_ENABLE");
+  launch.environment.push_back(std::string("NCCL_NVLS_ENABLE=") + (nvls != nullptr ? nvls : "0"));
+  // All ranks run on this machine: NCCL's bootstrap and both socket transports stay on loopback.
+  for (const char* variable : {"NCCL_SOCKET_IFNAME", "UNIFAB_SOCKET_IFNAME"}) {
+    if (getenv(variable) == nullptr) launch.environment.push_back(std::string(variable) + "=lo");
+  }
+  launch.environment.insert(launch.environment.end(), environment.begin(), environment.end());
+  std::vector<std::string> argv = {self, command};
+  argv.insert(argv.end(), args.items.begin(), args.items.end());
+  return test::launchRanks(launch, argv);
 }
 
 }  // namespace unifab::bench

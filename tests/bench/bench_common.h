@@ -27,6 +27,12 @@ double percentile(std::vector<double> values, double fraction);
 // Path of the loaded libnccl-unifab.so (for NCCL_NET_PLUGIN), "" if unknown.
 std::string unifabLibraryPath();
 
+// Runs `self command args...` once per rank (nRanks <= 0: one per visible GPU) under the rank
+// launcher, with NVLS off unless the caller set NCCL_NVLS_ENABLE, NCCL's and unifab's sockets on
+// loopback unless the caller chose interfaces, and `environment` (NAME=VALUE) on top.
+int relaunchPerGpu(const char* self, const char* command, const Args& args, int nRanks,
+                   const std::vector<std::string>& environment);
+
 int runNet(Args& args);
 int runColl(Args& args, const char* self);
 int runEp(Args& args, const char* self);

@@ -20,15 +20,6 @@
 namespace unifab::bench {
 namespace {
 
-#define BENCH_EP_CHECK(call)                                                                         \
-  do {                                                                                               \
-    unifabResult_t r_ = (call);                                                                      \
-    if (r_ != unifabSuccess) {                                                                       \
-      fprintf(stderr, "%s failed: %s: %s\n", #call, unifabGetErrorString(r_), unifabGetLastError()); \
-      return false;                                                                                  \
-    }                                                                                                \
-  } while (0)
-
 struct EpRun {
   int tokens, hidden, topk, experts, sms, iters, warmup;
   bool fp8, expertMajor;
@@ -43,14 +34,14 @@ struct Timer {
 
 // Median time (us) of `op` over the run's iterations, each after an L2 flush and a barrier.
 template <typename Op>
-bool timeOp(test::NcclSession& session, Timer& timer, int* scratch, const EpRun& run, Op op, double* medianUs) {
+bool timeOp(test::NcclSession& session, Timer& timer, const EpRun& run, Op op, double* medianUs) {
   for (int i = 0; i < run.warmup; ++i) {
     if (!op()) return false;
   }
   std::vector<double> samples;
   for (int i = 0; i < run.iters; ++i) {
     TEST_CUDA_CHECK(cudaMemsetAsync(timer.flush, i & 0xff, timer.flushBytes, session.stream()));
-    TEST_NCCL_CHECK(ncclAllReduce(scratch, scratch, 1, ncclInt32, ncclSum, session.comm(), session.stream()));
+    if (!session.barrier(false)) return false;  // every rank starts its timed call together
     TEST_CUDA_CHECK(cudaEventRecord(timer.start, session.stream()));
     if (!op()) return false;
     TEST_CUDA_CHECK(cudaEventRecord(timer.stop, session.stream()));
@@ -60,17 +51,6 @@ bool timeOp(test::NcclSession& session, Timer& timer, int* scratch, const EpRun&
     samples.push_back(ms * 1000.0);
   }
   *medianUs = median(samples);
-  return true;
-}
-
-bool slowest(test::NcclSession& session, double* value) {
-  double* device = nullptr;
-  TEST_CUDA_CHECK(cudaMalloc(&device, sizeof(double)));
-  TEST_CUDA_CHECK(cudaMemcpy(device, value, sizeof(double), cudaMemcpyHostToDevice));
-  TEST_NCCL_CHECK(ncclAllReduce(device, device, 1, ncclFloat64, ncclMax, session.comm(), session.stream()));
-  TEST_CUDA_CHECK(cudaMemcpyAsync(value, device, sizeof(double), cudaMemcpyDeviceToHost, session.stream()));
-  TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
-  cudaFree(device);
   return true;
 }
 
@@ -88,37 +68,27 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
 
   unifabEpConfig_t config = test::ep::groupConfig(shape);
   unifabEpGroup_t group = nullptr;
-  BENCH_EP_CHECK(unifabEpCreate(session.comm(), &config, &group));
+  TEST_UNIFAB_CHECK(unifabEpCreate(session.comm(), &config, &group));
 
-  void *x = nullptr, *topk = nullptr, *expertOut = nullptr, *combined = nullptr;
-  float *scales = nullptr, *weights = nullptr;
-  int* scratch = nullptr;
-  TEST_CUDA_CHECK(cudaMalloc(&x, input.x.size()));
-  TEST_CUDA_CHECK(cudaMalloc(&scales, input.scales.size() * sizeof(float) + 16));
-  TEST_CUDA_CHECK(cudaMalloc(&topk, input.topk.size() * sizeof(int64_t)));
-  TEST_CUDA_CHECK(cudaMalloc(&weights, input.weights.size() * sizeof(float)));
+  test::ep::DeviceInput device;
+  if (!device.allocate(shape) || !device.upload(input, false, session.stream())) return false;
+  void *expertOut = nullptr, *combined = nullptr;
   TEST_CUDA_CHECK(cudaMalloc(&combined, static_cast<size_t>(run.tokens) * run.hidden * 2));
-  TEST_CUDA_CHECK(cudaMalloc(&scratch, sizeof(int)));
-  TEST_CUDA_CHECK(cudaMemset(scratch, 0, sizeof(int)));
-  TEST_CUDA_CHECK(cudaMemcpy(x, input.x.data(), input.x.size(), cudaMemcpyHostToDevice));
-  if (run.fp8) TEST_CUDA_CHECK(cudaMemcpy(scales, input.scales.data(), input.scales.size() * 4, cudaMemcpyHostToDevice));
-  TEST_CUDA_CHECK(cudaMemcpy(topk, input.topk.data(), input.topk.size() * 8, cudaMemcpyHostToDevice));
-  TEST_CUDA_CHECK(cudaMemcpy(weights, input.weights.data(), input.weights.size() * 4, cudaMemcpyHostToDevice));
 
   unifabEpDispatchArgs_t args = UNIFAB_EP_DISPATCH_ARGS_INIT;
   args.numTokens = run.tokens;
   args.dtype = run.fp8 ? unifabEpFp8E4M3 : unifabEpBf16;
-  args.x = x;
-  args.scales = scales;
-  args.topkIdx = topk;
-  args.topkWeights = weights;
+  args.x = device.x;
+  args.scales = device.scales;
+  args.topkIdx = device.topk;
+  args.topkWeights = device.weights;
   args.layout = run.expertMajor ? unifabEpExpertMajor : unifabEpRankMajor;
   args.numSms = run.sms;
   unifabEpDispatchResult_t result;
   result.size = sizeof(result);
   unifabEpHandle_t handle = nullptr;
   args.hostCounts = 1;
-  BENCH_EP_CHECK(unifabEpDispatch(group, &args, session.stream(), &handle, &result));
+  TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &handle, &result));
   args.hostCounts = 0;
   std::vector<int> perRank(env.nRanks);
   TEST_CUDA_CHECK(cudaMemcpy(perRank.data(), result.recvRowsPerRank, sizeof(int) * env.nRanks, cudaMemcpyDeviceToHost));
@@ -164,15 +134,15 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   auto dispatchCached = dispatchOf(cachedArgs);
   auto dispatchEmpty = dispatchOf(emptyArgs);
   double cachedUs = 0, emptyUs = 0;
-  if (!timeOp(session, timer, scratch, run, dispatch, &dispatchUs)) return false;
-  if (!timeOp(session, timer, scratch, run, dispatchCached, &cachedUs)) return false;
-  if (!timeOp(session, timer, scratch, run, dispatchEmpty, &emptyUs)) return false;
-  if (!timeOp(session, timer, scratch, run, combine, &combineUs)) return false;
-  BENCH_EP_CHECK(unifabEpGetAsyncError(group));
+  if (!timeOp(session, timer, run, dispatch, &dispatchUs)) return false;
+  if (!timeOp(session, timer, run, dispatchCached, &cachedUs)) return false;
+  if (!timeOp(session, timer, run, dispatchEmpty, &emptyUs)) return false;
+  if (!timeOp(session, timer, run, combine, &combineUs)) return false;
+  TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
 
   // NCCL's grouped send/recv all-to-all moving this rank's dispatch rows to the same ranks.
   const size_t rowBytes = static_cast<size_t>(run.hidden) * (run.fp8 ? 1 : 2) + (run.fp8 ? run.hidden / 128 * 4 : 0);
-  std::vector<size_t> sendRows(env.nRanks, 0);
+  std::vector<size_t> sendBytes(env.nRanks, 0), recvBytes(env.nRanks, 0);
   const int local = run.experts / env.nRanks;
   for (int t = 0; t < run.tokens; ++t) {
     uint64_t mask = 0;
@@ -180,27 +150,20 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
       int64_t e = input.topk[static_cast<size_t>(t) * run.topk + k];
       if (e >= 0) mask |= 1ULL << (e / local);
     }
-    for (int d = 0; d < env.nRanks; ++d) sendRows[d] += (mask >> d) & 1;
+    for (int d = 0; d < env.nRanks; ++d) sendBytes[d] += ((mask >> d) & 1) * rowBytes;
   }
+  // What each peer sends here is what the dispatch received from it.
+  for (int d = 0; d < env.nRanks; ++d) recvBytes[d] = static_cast<size_t>(perRank[d]) * rowBytes;
   size_t maxBytes = static_cast<size_t>(run.tokens) * rowBytes;
   char *a2aSend = nullptr, *a2aRecv = nullptr;
   TEST_CUDA_CHECK(cudaMalloc(&a2aSend, maxBytes * env.nRanks));
   TEST_CUDA_CHECK(cudaMalloc(&a2aRecv, maxBytes * env.nRanks));
-  auto alltoall = [&]() {
-    if (ncclGroupStart() != ncclSuccess) return false;
-    for (int d = 0; d < env.nRanks; ++d) {
-      // Symmetric uniform routing: each rank receives from d about what it sends to d.
-      if (ncclSend(a2aSend + d * maxBytes, sendRows[d] * rowBytes, ncclChar, d, session.comm(), session.stream()) != ncclSuccess) return false;
-      if (ncclRecv(a2aRecv + d * maxBytes, sendRows[d] * rowBytes, ncclChar, d, session.comm(), session.stream()) != ncclSuccess) return false;
-    }
-    return ncclGroupEnd() == ncclSuccess;
-  };
-  if (!timeOp(session, timer, scratch, run, alltoall, &ncclUs)) return false;
+  auto alltoall = [&]() { return session.exchange(a2aSend, a2aRecv, maxBytes, sendBytes.data(), recvBytes.data()); };
+  if (!timeOp(session, timer, run, alltoall, &ncclUs)) return false;
 
   double localDispatch = dispatchUs, localCombine = combineUs, localNccl = ncclUs;
-  if (!slowest(session, &dispatchUs) || !slowest(session, &combineUs) || !slowest(session, &ncclUs) ||
-      !slowest(session, &cachedUs) || !slowest(session, &emptyUs)) {
-    return false;
+  for (double* time : {&dispatchUs, &combineUs, &ncclUs, &cachedUs, &emptyUs}) {
+    if (!session.maxOverRanks(time)) return false;
   }
   const double dispatchBytes = static_cast<double>(rankMajorRows) * rowBytes;
   const double remoteDispatchBytes = static_cast<double>(remoteRows) * rowBytes;
@@ -243,8 +206,8 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
       }
     }
   }
-  BENCH_EP_CHECK(unifabEpHandleDestroy(handle));
-  BENCH_EP_CHECK(unifabEpDestroy(group));
+  TEST_UNIFAB_CHECK(unifabEpHandleDestroy(handle));
+  TEST_UNIFAB_CHECK(unifabEpDestroy(group));
   return true;
 }
 
@@ -260,12 +223,19 @@ int runEp(Args& args, const char* self) {
   run.sms = atoi(args.value("--sms", "0").c_str());
   run.iters = atoi(args.value("--iters", "30").c_str());
   run.warmup = atoi(args.value("--warmup", "5").c_str());
-  run.fp8 = args.value("--dtype", "bf16") == "fp8";
-  run.expertMajor = args.value("--layout", "rank") == "expert";
+  const std::string dtype = args.value("--dtype", "bf16");
+  const std::string layout = args.value("--layout", "rank");
+  run.fp8 = dtype == "fp8";
+  run.expertMajor = layout == "expert";
   run.csv = args.value("--csv", "");
   std::string ranksText = args.value("--nranks", "0");
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench ep: unknown argument '%s'\n", args.leftovers()[0].c_str());
+    return 2;
+  }
+  if ((dtype != "bf16" && dtype != "fp8") || (layout != "rank" && layout != "expert")) {
+    fprintf(stderr, "unifab-bench ep: --dtype is bf16 or fp8 (got %s), --layout rank or expert (got %s)\n",
+                    dtype.c_str(), layout.c_str());
     return 2;
   }
   if (mode != "ht") {
@@ -274,18 +244,7 @@ int runEp(Args& args, const char* self) {
   }
   test::RankEnvironment env = test::rankEnvironment();
   if (env.launched) return runEpRank(run, env) ? 0 : 1;
-  int nRanks = atoi(ranksText.c_str());
-  if (nRanks <= 0 && (cudaGetDeviceCount(&nRanks) != cudaSuccess || nRanks < 1)) {
-    fprintf(stderr, "unifab-bench ep: no CUDA device\n");
-    return 1;
-  }
-  test::LaunchOptions launch;
-  launch.nRanks = nRanks;
-  launch.environment.push_back(std::string("NCCL_NVLS_ENABLE=") + (getenv("NCCL_NVLS_ENABLE") ? getenv("NCCL_NVLS_ENABLE") : "0"));
-  if (getenv("NCCL_SOCKET_IFNAME") == nullptr) launch.environment.push_back("NCCL_SOCKET_IFNAME=lo");
-  std::vector<std::string> argv = {self, "ep"};
-  for (const std::string& item : args.items) argv.push_back(item);
-  return test::launchRanks(launch, argv);
+  return relaunchPerGpu(self, "ep", args, atoi(ranksText.c_str()), {});
 }
 
 }  // namespace unifab::bench

@@ -55,6 +55,7 @@ double stream(const Link& link, size_t bytes, int count, int window, bool verify
         pending.push_back(request);
         ++posted;
       }
+      if (posted == done) continue;  // nothing in flight yet: NCCL's irecv asked us to retry
       int finished = 0;
       int size = 0;
       if (net->test(pending[static_cast<size_t>(done)], &finished, &size) != ncclSuccess) {

@@ -1,5 +1,7 @@
 #include "tests/common/device_data.h"
 
+#include <cstring>
+
 namespace unifab::test {
 namespace {
 
@@ -76,6 +78,16 @@ const char* collectiveName(Collective collective) {
   }
 }
 
+bool collectiveByName(const char* name, Collective* out) {
+  for (int c = 0; c < static_cast<int>(Collective::kCount); ++c) {
+    if (strcmp(name, collectiveName(static_cast<Collective>(c))) == 0) {
+      *out = static_cast<Collective>(c);
+      return true;
+    }
+  }
+  return false;
+}
+
 bool bufferCounts(Collective collective, size_t bytes, int nRanks, size_t* sendCount, size_t* recvCount) {
   size_t total = bytes / sizeof(float);
   size_t n = static_cast<size_t>(nRanks);
@@ -99,7 +111,7 @@ bool bufferCounts(Collective collective, size_t bytes, int nRanks, size_t* sendC
   }
 }
 
-cudaError_t fillInput(Collective, float* send, size_t sendCount, int rank, uint32_t seed, cudaStream_t stream) {
+cudaError_t fillInput(float* send, size_t sendCount, int rank, uint32_t seed, cudaStream_t stream) {
   fillKernel<<<gridFor(sendCount), 256, 0, stream>>>(send, sendCount, rank, seed);
   return cudaGetLastError();
 }

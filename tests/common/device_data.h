@@ -13,13 +13,14 @@ namespace unifab::test {
 enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kCount };
 
 const char* collectiveName(Collective collective);
+// The collective named `name` (as collectiveName spells it), or false.
+bool collectiveByName(const char* name, Collective* out);
 
 // Element counts of the send and receive buffers for `bytes`, nccl-tests' size convention (the
 // larger buffer of the pair), or false if `bytes` is too small for this rank count.
 bool bufferCounts(Collective collective, size_t bytes, int nRanks, size_t* sendCount, size_t* recvCount);
 
-cudaError_t fillInput(Collective collective, float* send, size_t sendCount, int rank, uint32_t seed,
-                      cudaStream_t stream);
+cudaError_t fillInput(float* send, size_t sendCount, int rank, uint32_t seed, cudaStream_t stream);
 cudaError_t poisonBuffer(void* data, size_t bytes, cudaStream_t stream);
 // Adds the number of wrong elements of `recv` to *mismatches (device memory).
 cudaError_t countMismatches(Collective collective, const float* recv, size_t recvCount, int rank, int nRanks,

@@ -1,5 +1,6 @@
 #include "tests/common/ep_device.h"
 #include "tests/common/ep_values.h"
+#include "tests/common/nccl_session.h"
 
 namespace unifab::test::ep {
 namespace {
@@ -33,6 +34,40 @@ cudaError_t fillExpertOutputs(uint16_t* out, int hidden, const int* source, cons
   fillKernel<<<blocks, 256, 0, stream>>>(out, hidden, source, numRows, expertMajor, expertOffsets, rowsPerExpert,
                                          localExperts, rank, seed);
   return cudaGetLastError();
+}
+
+DeviceInput::~DeviceInput() {
+  cudaFree(x);
+  cudaFree(scales);
+  cudaFree(topk);
+  cudaFree(weights);
+}
+
+bool DeviceInput::allocate(const Shape& shape) {
+  const size_t tokens = static_cast<size_t>(shape.maxTokens);
+  TEST_CUDA_CHECK(cudaMalloc(&x, tokens * shape.hidden * 2));
+  TEST_CUDA_CHECK(cudaMalloc(&scales, tokens * (shape.hidden / 128) * sizeof(float) + 16));
+  TEST_CUDA_CHECK(cudaMalloc(&topk, tokens * shape.topk * sizeof(int64_t)));
+  TEST_CUDA_CHECK(cudaMalloc(&weights, tokens * shape.topk * sizeof(float)));
+  return true;
+}
+
+bool DeviceInput::upload(const RankInput& in, bool int32Ids, cudaStream_t stream) {
+  TEST_CUDA_CHECK(cudaMemcpyAsync(x, in.x.data(), in.x.size(), cudaMemcpyHostToDevice, stream));
+  if (in.fp8) {
+    TEST_CUDA_CHECK(cudaMemcpyAsync(scales, in.scales.data(), in.scales.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                    stream));
+  }
+  if (int32Ids) {
+    ids32_.assign(in.topk.begin(), in.topk.end());
+    TEST_CUDA_CHECK(cudaMemcpyAsync(topk, ids32_.data(), ids32_.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  } else {
+    TEST_CUDA_CHECK(cudaMemcpyAsync(topk, in.topk.data(), in.topk.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
+  }
+  TEST_CUDA_CHECK(cudaMemcpyAsync(weights, in.weights.data(), in.weights.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                  stream));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(stream));  // ids32_ is reused by the next upload
+  return true;
 }
 
 }  // namespace unifab::test::ep

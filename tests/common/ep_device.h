@@ -5,11 +5,45 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <vector>
 
 #include "tests/common/ep_reference.h"
 #include "unifab/unifab.h"
 
+// Fails the calling bool function when a unifab call fails, with unifab's own message.
+#define TEST_UNIFAB_CHECK(call)                                                                        \
+  do {                                                                                                 \
+    unifabResult_t unifab_r_ = (call);                                                                 \
+    if (unifab_r_ != unifabSuccess) {                                                                  \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,                         \
+              unifabGetErrorString(unifab_r_), unifabGetLastError());                                  \
+      return false;                                                                                    \
+    }                                                                                                  \
+  } while (0)
+
 namespace unifab::test::ep {
+
+// Device copies of one rank's input, sized for a shape's maxTokens.
+class DeviceInput {
+ public:
+  DeviceInput() = default;
+  ~DeviceInput();
+  DeviceInput(const DeviceInput&) = delete;
+  DeviceInput& operator=(const DeviceInput&) = delete;
+
+  bool allocate(const Shape& shape);
+  // Copies `in` (expert ids as int32 when int32Ids) and waits for the copies.
+  bool upload(const RankInput& in, bool int32Ids, cudaStream_t stream);
+
+  void* x = nullptr;
+  float* scales = nullptr;
+  void* topk = nullptr;
+  float* weights = nullptr;
+
+ private:
+  std::vector<int32_t> ids32_;
+};
 
 // Row p of `out` (hidden BF16 values) gets expertOutputBits(seed, rank, source of p, expert of p);
 // expert-major padding rows get NaN, which combine must never read.

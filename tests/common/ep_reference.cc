@@ -9,8 +9,6 @@
 namespace unifab::test::ep {
 namespace {
 
-uint64_t mix(uint64_t x) { return mix64(x); }
-
 // A finite FP8 e4m3 byte (e4m3 has no infinities; 0x7f and 0xff are NaN).
 uint8_t finiteFp8(uint64_t h) {
   uint8_t byte = static_cast<uint8_t>(h);
@@ -20,8 +18,6 @@ uint8_t finiteFp8(uint64_t h) {
 
 }  // namespace
 
-uint16_t floatToBf16(float value) { return floatToBf16Bits(value); }
-
 float bf16ToFloat(uint16_t bits) {
   uint32_t wide = static_cast<uint32_t>(bits) << 16;
   float value;
@@ -30,7 +26,7 @@ float bf16ToFloat(uint16_t bits) {
 }
 
 RankInput makeInput(const Shape& shape, int rank, uint64_t seed, bool fp8, int maskPercent, int tokens) {
-  std::mt19937_64 random(mix(seed * 131 + static_cast<uint64_t>(rank)));
+  std::mt19937_64 random(mix64(seed * 131 + static_cast<uint64_t>(rank)));
   RankInput in;
   in.fp8 = fp8;
   int low = shape.maxTokens / 4;
@@ -108,10 +104,6 @@ Received expectedReceive(const Shape& shape, const std::vector<RankInput>& input
   return out;
 }
 
-uint16_t expertOutputValue(uint64_t seed, int rank, int sourceRank, int sourceToken, int expert, int element) {
-  return expertOutputBits(seed, rank, sourceRank, sourceToken, expert, element);
-}
-
 void expectedCombine(const Shape& shape, const std::vector<RankInput>& inputs, int rank, bool expertMajor,
                      bool weighted, uint64_t outputSeed, std::vector<uint16_t>* combined,
                      std::vector<float>* combinedWeights) {
@@ -133,15 +125,15 @@ void expectedCombine(const Shape& shape, const std::vector<RankInput>& inputs, i
       for (int i = 0; i < shape.hidden; ++i) {
         float acc = 0.0f;
         if (!expertMajor) {
-          acc = bf16ToFloat(expertOutputValue(outputSeed, r, rank, t, -1, i));
+          acc = bf16ToFloat(expertOutputBits(outputSeed, r, rank, t, -1, i));
         } else {
           for (int k = 0; k < shape.topk; ++k) {
             if (ids[k] < first || ids[k] >= first + local) continue;
-            float y = bf16ToFloat(expertOutputValue(outputSeed, r, rank, t, static_cast<int>(ids[k] - first), i));
+            float y = bf16ToFloat(expertOutputBits(outputSeed, r, rank, t, static_cast<int>(ids[k] - first), i));
             acc = weighted ? std::fma(weights[k], y, acc) : acc + y;
           }
         }
-        partial[i] = bf16ToFloat(floatToBf16(acc));  // each rank sends its partial sum as BF16
+        partial[i] = bf16ToFloat(floatToBf16Bits(acc));  // each rank sends its partial sum as BF16
         total[i] = total[i] + partial[i];
       }
       for (int k = 0; k < shape.topk; ++k) {
@@ -150,7 +142,7 @@ void expectedCombine(const Shape& shape, const std::vector<RankInput>& inputs, i
         w = w + (here ? weights[k] : 0.0f);
       }
     }
-    for (int i = 0; i < shape.hidden; ++i) (*combined)[static_cast<size_t>(t) * shape.hidden + i] = floatToBf16(total[i]);
+    for (int i = 0; i < shape.hidden; ++i) (*combined)[static_cast<size_t>(t) * shape.hidden + i] = floatToBf16Bits(total[i]);
   }
 }
 

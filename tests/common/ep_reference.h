@@ -49,16 +49,13 @@ struct Received {
 // What `rank` receives from all ranks' inputs, and its expert-major arrangement.
 Received expectedReceive(const Shape& shape, const std::vector<RankInput>& inputs, int rank, int alignment);
 
-// Expert output for the row of (source rank, token) on `rank`, for local expert `expert` (-1 in
-// rank-major mode): a deterministic BF16 pattern, as raw bits.
-uint16_t expertOutputValue(uint64_t seed, int rank, int sourceRank, int sourceToken, int expert, int element);
+// Expert outputs come from expertOutputBits (ep_values.h), the same function the GPU fills them with.
 
 // Combine result of `rank`'s tokens: hidden BF16 values per token, and the combined weights.
 void expectedCombine(const Shape& shape, const std::vector<RankInput>& inputs, int rank, bool expertMajor,
                      bool weighted, uint64_t outputSeed, std::vector<uint16_t>* combined,
                      std::vector<float>* combinedWeights);
 
-uint16_t floatToBf16(float value);  // round to nearest even, as __float2bfloat16_rn
 float bf16ToFloat(uint16_t bits);
 
 }  // namespace unifab::test::ep

@@ -5,20 +5,13 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define EP_TEST_HD __host__ __device__ __forceinline__
-#else
-#define EP_TEST_HD inline
-#endif
+#include "tests/common/test_util.h"
+
+#define EP_TEST_HD UNIFAB_TEST_HD
 
 namespace unifab::test::ep {
 
-EP_TEST_HD uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+using unifab::test::mix64;
 
 EP_TEST_HD uint32_t floatBits(float value) {
 #if defined(__CUDA_ARCH__)

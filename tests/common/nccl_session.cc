@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <vector>
 
 namespace unifab::test {
 
 NcclSession::~NcclSession() {
+  if (scratch_ != nullptr) cudaFree(scratch_);
   if (comm_ != nullptr) ncclCommDestroy(comm_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -19,8 +21,9 @@ bool NcclSession::init(const RankEnvironment& env) {
     fprintf(stderr, "rank %d: no CUDA device\n", env.rank);
     return false;
   }
-  device_ = env.localRank % devices;
-  TEST_CUDA_CHECK(cudaSetDevice(device_));
+  TEST_CUDA_CHECK(cudaSetDevice(env.localRank % devices));
+  TEST_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(double)));
+  TEST_CUDA_CHECK(cudaMemset(scratch_, 0, sizeof(double)));
   TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   ncclUniqueId id;
   if (env.rank == 0) TEST_NCCL_CHECK(ncclGetUniqueId(&id));
@@ -44,19 +47,39 @@ bool NcclSession::run(Collective collective, const void* send, void* recv, size_
       TEST_NCCL_CHECK(ncclReduceScatter(send, recv, recvCount, ncclFloat, ncclSum, comm_, stream_));
       return true;
     case Collective::kAllToAll: {
-      // The grouped send/recv all-to-all users write by hand (and nccl-tests' alltoall_perf runs).
-      size_t chunk = sendCount / static_cast<size_t>(env_.nRanks);
-      TEST_NCCL_CHECK(ncclGroupStart());
-      for (int peer = 0; peer < env_.nRanks; ++peer) {
-        TEST_NCCL_CHECK(ncclSend(static_cast<const float*>(send) + peer * chunk, chunk, ncclFloat, peer, comm_, stream_));
-        TEST_NCCL_CHECK(ncclRecv(static_cast<float*>(recv) + peer * chunk, chunk, ncclFloat, peer, comm_, stream_));
-      }
-      TEST_NCCL_CHECK(ncclGroupEnd());
-      return true;
+      // As nccl-tests' alltoall_perf: equal chunks through grouped send/recv.
+      const size_t chunkBytes = sendCount / static_cast<size_t>(env_.nRanks) * sizeof(float);
+      std::vector<size_t> bytes(static_cast<size_t>(env_.nRanks), chunkBytes);
+      return exchange(static_cast<const char*>(send), static_cast<char*>(recv), chunkBytes, bytes.data(), bytes.data());
     }
     default:
       return false;
   }
+}
+
+bool NcclSession::exchange(const char* send, char* recv, size_t stride, const size_t* sendBytes,
+                           const size_t* recvBytes) {
+  TEST_NCCL_CHECK(ncclGroupStart());
+  for (int peer = 0; peer < env_.nRanks; ++peer) {
+    TEST_NCCL_CHECK(ncclSend(send + peer * stride, sendBytes[peer], ncclChar, peer, comm_, stream_));
+    TEST_NCCL_CHECK(ncclRecv(recv + peer * stride, recvBytes[peer], ncclChar, peer, comm_, stream_));
+  }
+  TEST_NCCL_CHECK(ncclGroupEnd());
+  return true;
+}
+
+bool NcclSession::barrier(bool hostWait) {
+  TEST_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat64, ncclMax, comm_, stream_));
+  if (hostWait) TEST_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return true;
+}
+
+bool NcclSession::maxOverRanks(double* value) {
+  TEST_CUDA_CHECK(cudaMemcpyAsync(scratch_, value, sizeof(double), cudaMemcpyHostToDevice, stream_));
+  TEST_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat64, ncclMax, comm_, stream_));
+  TEST_CUDA_CHECK(cudaMemcpyAsync(value, scratch_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return true;
 }
 
 std::string ncclDebugFilePath() {

@@ -42,18 +42,24 @@ class NcclSession {
   // Selects the GPU (local rank modulo the visible count) and joins the communicator.
   bool init(const RankEnvironment& env);
   bool run(Collective collective, const void* send, void* recv, size_t sendCount, size_t recvCount);
+  // Grouped send/recv with every peer (the all-to-all users write by hand): sendBytes[p] bytes
+  // from send + p * stride to peer p, and recvBytes[p] from peer p into recv + p * stride.
+  bool exchange(const char* send, char* recv, size_t stride, const size_t* sendBytes, const size_t* recvBytes);
+  // All ranks' streams meet here; with hostWait the host also waits until they have.
+  bool barrier(bool hostWait);
+  // Replaces *value by its maximum over all ranks (the slowest rank's time).
+  bool maxOverRanks(double* value);
 
   ncclComm_t comm() const { return comm_; }
   cudaStream_t stream() const { return stream_; }
   int rank() const { return env_.rank; }
   int nRanks() const { return env_.nRanks; }
-  int device() const { return device_; }
 
  private:
   RankEnvironment env_;
-  int device_ = 0;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  double* scratch_ = nullptr;  // device word for barrier and maxOverRanks
 };
 
 // The NCCL debug file this process writes, from NCCL_DEBUG_FILE's %h and %p; "" if unset.

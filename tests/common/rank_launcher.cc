@@ -1,5 +1,7 @@
 #include "tests/common/rank_launcher.h"
 
+#include "tests/common/test_util.h"
+
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -14,10 +16,6 @@
 
 namespace unifab::test {
 namespace {
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::string substituteRank(const std::string& value, int rank) {
   std::string out;
@@ -36,7 +34,7 @@ void stopAll(std::vector<pid_t>& pids) {
   for (pid_t pid : pids) {
     if (pid > 0) kill(pid, SIGTERM);
   }
-  double deadline = now() + 5;
+  double deadline = nowSeconds() + 5;
   for (pid_t& pid : pids) {
     while (pid > 0) {
       int status;
@@ -45,7 +43,7 @@ void stopAll(std::vector<pid_t>& pids) {
         pid = -1;
         break;
       }
-      if (now() > deadline) {
+      if (nowSeconds() > deadline) {
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
         pid = -1;
@@ -94,7 +92,7 @@ int launchRanks(const LaunchOptions& options, const std::vector<std::string>& ar
   }
   int firstFailure = 0;
   int running = options.nRanks;
-  double deadline = now() + options.timeoutSeconds;
+  double deadline = nowSeconds() + options.timeoutSeconds;
   while (running > 0) {
     int status = 0;
     pid_t done = waitpid(-1, &status, WNOHANG);
@@ -114,7 +112,7 @@ int launchRanks(const LaunchOptions& options, const std::vector<std::string>& ar
       }
       continue;
     }
-    if (now() > deadline) {
+    if (nowSeconds() > deadline) {
       fprintf(stderr, "ranks still running after %.0f s; stopping them\n", options.timeoutSeconds);
       stopAll(pids);
       firstFailure = 124;
@@ -151,8 +149,8 @@ bool shareBlob(const RankEnvironment& env, void* data, size_t bytes, double time
     ok = (fclose(file) == 0) && ok;
     return ok && rename(temporary.c_str(), env.uidFile.c_str()) == 0;
   }
-  double deadline = now() + timeoutSeconds;
-  while (now() < deadline) {
+  double deadline = nowSeconds() + timeoutSeconds;
+  while (nowSeconds() < deadline) {
     FILE* file = fopen(env.uidFile.c_str(), "rb");
     if (file != nullptr) {
       size_t got = fread(data, 1, bytes, file);

@@ -36,14 +36,6 @@ void check(bool ok, const std::string& what) {
   }
 }
 
-#define EP_CHECK(call)                                                                                  \
-  do {                                                                                                  \
-    unifabResult_t ep_r_ = (call);                                                                      \
-    if (ep_r_ != unifabSuccess) {                                                                       \
-      fprintf(stderr, "rank %d: %s failed: %s: %s\n", g_rank, #call, unifabGetErrorString(ep_r_), unifabGetLastError()); \
-      return false;                                                                                     \
-    }                                                                                                   \
-  } while (0)
 
 template <typename T>
 bool download(std::vector<T>* host, const void* device, size_t count, cudaStream_t stream) {
@@ -54,53 +46,16 @@ bool download(std::vector<T>* host, const void* device, size_t count, cudaStream
   return true;
 }
 
-// Device copies of one rank's input.
-struct DeviceInput {
-  void* x = nullptr;
-  float* scales = nullptr;
-  void* topk = nullptr;
-  float* weights = nullptr;
-  bool allocate(const Shape& shape) {
-    size_t tokens = static_cast<size_t>(shape.maxTokens);
-    TEST_CUDA_CHECK(cudaMalloc(&x, tokens * shape.hidden * 2));
-    TEST_CUDA_CHECK(cudaMalloc(&scales, tokens * (shape.hidden / 128) * sizeof(float) + 16));
-    TEST_CUDA_CHECK(cudaMalloc(&topk, tokens * shape.topk * sizeof(int64_t)));
-    TEST_CUDA_CHECK(cudaMalloc(&weights, tokens * shape.topk * sizeof(float)));
-    return true;
-  }
-  bool upload(const RankInput& in, bool int32Ids, cudaStream_t stream) {
-    TEST_CUDA_CHECK(cudaMemcpyAsync(x, in.x.data(), in.x.size(), cudaMemcpyHostToDevice, stream));
-    if (in.fp8) {
-      TEST_CUDA_CHECK(cudaMemcpyAsync(scales, in.scales.data(), in.scales.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-    }
-    if (int32Ids) {
-      ids32.assign(in.topk.begin(), in.topk.end());
-      TEST_CUDA_CHECK(cudaMemcpyAsync(topk, ids32.data(), ids32.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
-    } else {
-      TEST_CUDA_CHECK(cudaMemcpyAsync(topk, in.topk.data(), in.topk.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
-    }
-    TEST_CUDA_CHECK(cudaMemcpyAsync(weights, in.weights.data(), in.weights.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-    TEST_CUDA_CHECK(cudaStreamSynchronize(stream));  // ids32 is reused by the next upload
-    return true;
-  }
-  std::vector<int32_t> ids32;
-};
-
-bool barrier(NcclSession& session, int* scratch) {
-  TEST_NCCL_CHECK(ncclAllReduce(scratch, scratch, 1, ncclInt32, ncclSum, session.comm(), session.stream()));
-  TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
-  return true;
-}
 
 // Poisons every output array of the group (all ranks) so unwritten rows cannot pass.
-bool poison(NcclSession& session, const unifabEpDispatchResult_t& r, const Shape& shape, int* scratch) {
+bool poison(NcclSession& session, const unifabEpDispatchResult_t& r, const Shape& shape) {
   size_t rows = static_cast<size_t>(r.maxRows);
   TEST_CUDA_CHECK(cudaMemsetAsync(r.recvX, 0xff, rows * shape.hidden * 2, session.stream()));
   if (r.recvScales != nullptr) TEST_CUDA_CHECK(cudaMemsetAsync(r.recvScales, 0xff, rows * (shape.hidden / 128) * 4, session.stream()));
   TEST_CUDA_CHECK(cudaMemsetAsync(r.recvTopkIdx, 0xee, rows * shape.topk * 4, session.stream()));
   TEST_CUDA_CHECK(cudaMemsetAsync(r.recvTopkWeights, 0xff, rows * shape.topk * 4, session.stream()));
   TEST_CUDA_CHECK(cudaMemsetAsync(r.recvSource, 0xee, rows * 2 * 4, session.stream()));
-  return barrier(session, scratch);  // no rank dispatches into memory another rank still poisons
+  return session.barrier(true);  // no rank dispatches into memory another rank still poisons
 }
 
 struct Outputs {
@@ -215,7 +170,6 @@ struct Buffers {
   uint16_t* expertOut = nullptr;
   uint16_t* combined = nullptr;
   float* combinedWeights = nullptr;
-  int* scratch = nullptr;
 };
 
 bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_t seed, Buffers& b,
@@ -226,7 +180,7 @@ bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_
   for (int r = 0; r < shape.nRanks; ++r) inputs.push_back(makeInput(shape, r, seed, c.fp8, 10));
   const RankInput& mine = inputs[session.rank()];
   if (!b.input.upload(mine, c.int32Ids, session.stream())) return false;
-  if (!poison(session, *last, shape, b.scratch)) return false;
+  if (!poison(session, *last, shape)) return false;
 
   unifabEpDispatchArgs_t args = UNIFAB_EP_DISPATCH_ARGS_INIT;
   args.numTokens = mine.numTokens;
@@ -242,9 +196,9 @@ bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_
   unifabEpHandle_t handle = nullptr;
   unifabEpDispatchResult_t result;
   result.size = sizeof(result);
-  EP_CHECK(unifabEpDispatch(group, &args, session.stream(), &handle, &result));
+  TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &handle, &result));
   TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
-  EP_CHECK(unifabEpGetAsyncError(group));
+  TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
   *last = result;
   Outputs o;
   if (!fetch(result, shape, c.fp8, session.stream(), &o)) return false;
@@ -268,9 +222,9 @@ bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_
   cargs.weighted = c.weighted ? 1 : 0;
   cargs.combinedX = b.combined;
   cargs.combinedWeights = b.combinedWeights;
-  EP_CHECK(unifabEpCombine(group, handle, &cargs, session.stream()));
+  TEST_UNIFAB_CHECK(unifabEpCombine(group, handle, &cargs, session.stream()));
   TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
-  EP_CHECK(unifabEpGetAsyncError(group));
+  TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
   verifyCombine(shape, inputs, session.rank(), c.expertMajor, c.weighted && c.expertMajor, outputSeed, b.combined,
                 b.combinedWeights, session.stream(), what + " combine");
 
@@ -283,18 +237,18 @@ bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_
     again.push_back(fresh);
   }
   if (!b.input.upload(again[session.rank()], c.int32Ids, session.stream())) return false;
-  if (!poison(session, *last, shape, b.scratch)) return false;
+  if (!poison(session, *last, shape)) return false;
   args.cachedHandle = handle;
   args.topkIdx = nullptr;
   args.hostCounts = 0;
   unifabEpHandle_t same = nullptr;
-  EP_CHECK(unifabEpDispatch(group, &args, session.stream(), &same, &result));
+  TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &same, &result));
   TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
-  EP_CHECK(unifabEpGetAsyncError(group));
+  TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
   check(same == handle, what + ": cached dispatch returns its handle");
   if (!fetch(result, shape, c.fp8, session.stream(), &o)) return false;
   verifyDispatch(shape, again, session.rank(), c.expertMajor, c.alignment, o, what + " cached");
-  EP_CHECK(unifabEpHandleDestroy(handle));
+  TEST_UNIFAB_CHECK(unifabEpHandleDestroy(handle));
   return true;
 }
 
@@ -305,7 +259,7 @@ bool runGraph(NcclSession& session, unifabEpGroup_t group, const Shape& shape, B
   std::vector<RankInput> inputs;
   for (int r = 0; r < shape.nRanks; ++r) inputs.push_back(makeInput(shape, r, 4242, false, 10, shape.maxTokens / 2 + r));
   if (!b.input.upload(inputs[session.rank()], false, session.stream())) return false;
-  if (!barrier(session, b.scratch)) return false;
+  if (!session.barrier(true)) return false;
   unifabEpDispatchArgs_t args = UNIFAB_EP_DISPATCH_ARGS_INIT;
   args.numTokens = tokens;
   args.x = b.input.x;
@@ -329,20 +283,21 @@ bool runGraph(NcclSession& session, unifabEpGroup_t group, const Shape& shape, B
                            : cudaSuccess;
   unifabResult_t combined = dispatched == unifabSuccess ? unifabEpCombine(group, handle, &cargs, session.stream()) : dispatched;
   TEST_CUDA_CHECK(cudaStreamEndCapture(session.stream(), &graph));
-  EP_CHECK(dispatched);
+  TEST_UNIFAB_CHECK(dispatched);
   TEST_CUDA_CHECK(filled);
-  EP_CHECK(combined);
+  TEST_UNIFAB_CHECK(combined);
   cudaGraphExec_t exec = nullptr;
   TEST_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < replays; ++replay) {
     std::vector<RankInput> fresh;
     for (int r = 0; r < shape.nRanks; ++r) fresh.push_back(makeInput(shape, r, 5000 + replay, false, 10, shape.maxTokens / 2 + r));
     if (!b.input.upload(fresh[session.rank()], false, session.stream())) return false;
-    if (!poison(session, result, shape, b.scratch)) return false;
+    if (!poison(session, result, shape)) return false;
     TEST_CUDA_CHECK(cudaMemsetAsync(b.combined, 0xff, static_cast<size_t>(shape.maxTokens) * shape.hidden * 2, session.stream()));
+    TEST_CUDA_CHECK(cudaMemsetAsync(b.combinedWeights, 0xff, static_cast<size_t>(shape.maxTokens) * shape.topk * 4, session.stream()));
     TEST_CUDA_CHECK(cudaGraphLaunch(exec, session.stream()));
     TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
-    EP_CHECK(unifabEpGetAsyncError(group));
+    TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
     Outputs o;
     if (!fetch(result, shape, false, session.stream(), &o)) return false;
     std::string what = "graph replay " + std::to_string(replay);
@@ -353,14 +308,14 @@ bool runGraph(NcclSession& session, unifabEpGroup_t group, const Shape& shape, B
   *last = result;
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  EP_CHECK(unifabEpHandleDestroy(handle));
+  TEST_UNIFAB_CHECK(unifabEpHandleDestroy(handle));
   return true;
 }
 
 bool runShape(NcclSession& session, Shape shape, int iterations, int replays) {
   unifabEpConfig_t config = groupConfig(shape);
   unifabEpGroup_t group = nullptr;
-  EP_CHECK(unifabEpCreate(session.comm(), &config, &group));
+  TEST_UNIFAB_CHECK(unifabEpCreate(session.comm(), &config, &group));
   Buffers b;
   if (!b.input.allocate(shape)) return false;
   unifabEpDispatchResult_t probe;
@@ -371,16 +326,14 @@ bool runShape(NcclSession& session, Shape shape, int iterations, int replays) {
     args.x = b.input.x;
     args.topkIdx = b.input.topk;
     unifabEpHandle_t handle = nullptr;
-    EP_CHECK(unifabEpDispatch(group, &args, session.stream(), &handle, &probe));
-    EP_CHECK(unifabEpHandleDestroy(handle));
+    TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &handle, &probe));
+    TEST_UNIFAB_CHECK(unifabEpHandleDestroy(handle));
   }
   size_t expertRows = static_cast<size_t>(shape.nRanks) * shape.maxTokens * std::min(shape.topk, shape.localExperts()) +
                       static_cast<size_t>(shape.localExperts()) * 128;
   TEST_CUDA_CHECK(cudaMalloc(&b.expertOut, expertRows * shape.hidden * 2));
   TEST_CUDA_CHECK(cudaMalloc(&b.combined, static_cast<size_t>(shape.maxTokens) * shape.hidden * 2));
   TEST_CUDA_CHECK(cudaMalloc(&b.combinedWeights, static_cast<size_t>(shape.maxTokens) * shape.topk * 4));
-  TEST_CUDA_CHECK(cudaMalloc(&b.scratch, sizeof(int)));
-  TEST_CUDA_CHECK(cudaMemset(b.scratch, 0, sizeof(int)));
   unifabEpDispatchResult_t last = probe;
   unifabEpDispatchResult_t lastExpert = probe;
   bool knowExpert = false;
@@ -396,12 +349,7 @@ bool runShape(NcclSession& session, Shape shape, int iterations, int replays) {
   cudaFree(b.expertOut);
   cudaFree(b.combined);
   cudaFree(b.combinedWeights);
-  cudaFree(b.scratch);
-  cudaFree(b.input.x);
-  cudaFree(b.input.scales);
-  cudaFree(b.input.topk);
-  cudaFree(b.input.weights);
-  EP_CHECK(unifabEpDestroy(group));
+  TEST_UNIFAB_CHECK(unifabEpDestroy(group));
   return true;
 }
 
@@ -416,7 +364,11 @@ int main(int argc, char** argv) {
     std::string arg = argv[i];
     if (arg == "--iterations" && i + 1 < argc) iterations = atoi(argv[++i]);
     else if (arg == "--replays" && i + 1 < argc) replays = atoi(argv[++i]);
-    else if (arg == "--quick") quick = true;
+    else if (arg == "--quick") quick = true;  // one small shape, for compute-sanitizer runs
+    else {
+      fprintf(stderr, "usage: %s [--iterations N] [--replays N] [--quick]\n", argv[0]);
+      return 2;
+    }
   }
   g_rank = env.rank;
   NcclSession session;

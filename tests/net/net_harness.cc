@@ -17,16 +17,8 @@ namespace {
 std::mutex g_logMutex;
 std::vector<std::string> g_warnings;
 
-// splitmix64: a cheap, well-mixed function of (seed, word index).
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 unsigned char patternByte(uint64_t seed, size_t offset) {
-  return static_cast<unsigned char>(mix(seed * 0x100000001b3ULL + (offset >> 3)) >> (8 * (offset & 7)));
+  return static_cast<unsigned char>(mix64(seed * 0x100000001b3ULL + (offset >> 3)) >> (8 * (offset & 7)));
 }
 
 }  // namespace
@@ -77,10 +69,6 @@ std::vector<std::string> capturedWarnings() {
 void clearCapturedWarnings() {
   std::lock_guard<std::mutex> lock(g_logMutex);
   g_warnings.clear();
-}
-
-double nowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 ncclResult_t connectPair(const ncclNet_v11_t* net, void* sendCtx, void* recvCtx, int dev, void** sendComm,
@@ -147,7 +135,7 @@ void fillPattern(void* buffer, size_t bytes, uint64_t seed) {
   auto* out = static_cast<unsigned char*>(buffer);
   size_t words = bytes / 8;
   for (size_t w = 0; w < words; ++w) {
-    uint64_t value = mix(seed * 0x100000001b3ULL + w);
+    uint64_t value = mix64(seed * 0x100000001b3ULL + w);
     memcpy(out + 8 * w, &value, 8);
   }
   for (size_t i = words * 8; i < bytes; ++i) out[i] = patternByte(seed, i);
@@ -157,7 +145,7 @@ size_t firstMismatch(const void* buffer, size_t bytes, uint64_t seed) {
   const auto* in = static_cast<const unsigned char*>(buffer);
   size_t words = bytes / 8;
   for (size_t w = 0; w < words; ++w) {
-    uint64_t expected = mix(seed * 0x100000001b3ULL + w);
+    uint64_t expected = mix64(seed * 0x100000001b3ULL + w);
     if (memcmp(in + 8 * w, &expected, 8) != 0) {
       for (size_t i = 8 * w;; ++i) {
         if (in[i] != patternByte(seed, i)) return i;

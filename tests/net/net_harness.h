@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/test_util.h"
 #include "unifab/nccl/net_v11.h"
 
 namespace unifab::test {
@@ -22,7 +23,6 @@ class NetPlugin {
 
   bool load(const std::string& path, std::string* error);
   void unload();
-  const ncclNet_v11_t* operator->() const { return table_; }
   const ncclNet_v11_t* table() const { return table_; }
 
  private:
@@ -61,7 +61,5 @@ size_t firstNotEqual(const void* buffer, size_t bytes, unsigned char value);
 
 std::string toHex(const void* data, size_t bytes);
 bool fromHex(const std::string& text, void* data, size_t bytes);
-
-double nowSeconds();
 
 }  // namespace unifab::test

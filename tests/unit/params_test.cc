@@ -90,6 +90,19 @@ TEST(Params, BadValuesWarnWithNameAndBoundsAndKeepTheDefault) {
   EXPECT_EQ(log.warnings().size(), 6u);
 }
 
+TEST(Params, ZeroMeansOffOnlyWhereDocumented) {
+  unifab::test::LogCapture log;
+  Params off = parseFrom({{"UNIFAB_SOCKET_INLINE_BYTES", "0"}, {"UNIFAB_SOCKET_BUFFER_BYTES", "0"}});
+  EXPECT_EQ(off.socketInlineBytes, 0);
+  EXPECT_EQ(off.socketBufferBytes, 0);
+  EXPECT_TRUE(log.warnings().empty());
+  Params bad = parseFrom({{"UNIFAB_SOCKET_CHUNK_BYTES", "0"}, {"UNIFAB_SOCKET_BUFFER_BYTES", "100"}});
+  EXPECT_EQ(bad.socketChunkBytes, 128 * 1024);
+  EXPECT_EQ(bad.socketBufferBytes, 0);
+  EXPECT_TRUE(log.warned("UNIFAB_SOCKET_CHUNK_BYTES"));
+  EXPECT_TRUE(log.warned("UNIFAB_SOCKET_BUFFER_BYTES"));
+}
+
 TEST(Params, Parsers) {
   int64_t v = 0;
   EXPECT_TRUE(unifab::parseInt64("42", 0, 100, &v));

@@ -238,7 +238,10 @@ TEST(Tuner, RuleForcesItsEntryAndChannels) {
   channels = 0;
   tuner.decide(kAllReduce, 8 << 20, 1, 0, other.data(), kNumAlgorithms, kNumProtocols, &channels);
   EXPECT_EQ(channels, 0);
-  EXPECT_NE(other.cell[kTree][kLL128], 0.0f);
+  Tuner ruleless(1, CostModel(topology(1, 2), ncclLikeLatencies()), TunerSettings());
+  Table modelOnly({kTree, kRing});
+  ruleless.decide(kAllReduce, 8 << 20, 1, 0, modelOnly.data(), kNumAlgorithms, kNumProtocols, &channels);
+  EXPECT_EQ(other.choice(), modelOnly.choice()) << "outside the rule's range the model alone decides";
 }
 
 TEST(Tuner, RuleNamingAnUnusableEntryFallsBackToTheModel) {
