@@ -1,8 +1,6 @@
 #include "net/transport.h"
 
-#include <algorithm>
 #include <mutex>
-#include <thread>
 
 #include "net/socket/socket_transport.h"
 #include "plugin/params.h"
@@ -20,13 +18,8 @@ Result createSelected(std::shared_ptr<Transport>* transport) {
     options.ifname = p.socketIfname;
     options.family = p.socketFamily;
     options.nStreams = p.socketNStreams;
-    unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    options.nThreads = p.socketNThreads > 0 ? p.socketNThreads : static_cast<int>(std::clamp(cores / 4, 1u, 8u));
+    options.nThreads = p.socketNThreads;
     options.busyPollUs = p.socketBusyPollUs;
-    if (options.busyPollUs < 0) {
-      // Polling threads only pay off when they do not compete with the application for cores.
-      options.busyPollUs = cores >= 4u * static_cast<unsigned>(options.nThreads) ? 100 : 0;
-    }
     options.speedMbps = p.socketSpeedMbps;
     options.bufferBytes = p.socketBufferBytes;
     options.connection.maxRecvs = p.socketMaxRecvs;

@@ -15,6 +15,9 @@ namespace unifab::net {
 constexpr int kMaxRequestsPerComm = 32;  // NCCL_NET_MAX_REQUESTS: in flight on one comm
 constexpr int kMaxGroupedRecvs = 8;      // buffers one grouped receive may carry
 constexpr size_t kHandleBytes = 128;     // NCCL_NET_HANDLE_MAXSIZE
+// Largest message one request may carry: NCCL's test() reports completed sizes as int, so the
+// transports promise (maxP2pBytes) and enforce this bound.
+constexpr size_t kMaxTransferBytes = size_t{1} << 30;
 
 enum MemoryTypeBits : int { kMemoryHost = 0x1, kMemoryCuda = 0x2, kMemoryDmaBuf = 0x4 };
 

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 
 namespace unifab {
 namespace {
@@ -44,16 +43,17 @@ unsigned long componentFlags(LogComponent component) {
 // or not NCCL has handed us its logger yet.
 struct FallbackFilter {
   int level = static_cast<int>(LogLevel::kWarn);
-  unsigned long subsysMask = kLogInit | kLogEnv | 4096 /* BOOTSTRAP */;
+  unsigned long subsysMask = kLogInit | kLogEnv | kLogBootstrap;  // NCCL's default
 };
 
 unsigned long subsysBit(const char* name, size_t len) {
   static const struct {
     const char* name;
     unsigned long bit;
-  } kNames[] = {{"INIT", 1},    {"COLL", 2},    {"P2P", 4},      {"SHM", 8},         {"NET", 16},
-                {"GRAPH", 32},  {"TUNING", 64}, {"ENV", 128},    {"ALLOC", 256},     {"CALL", 512},
-                {"PROXY", 1024}, {"NVLS", 2048}, {"BOOTSTRAP", 4096}, {"REG", 8192}, {"ALL", ~0UL}};
+  } kNames[] = {{"INIT", kLogInit},   {"COLL", kLogColl},   {"P2P", kLogP2p},         {"SHM", kLogShm},
+                {"NET", kLogNet},     {"GRAPH", kLogGraph}, {"TUNING", kLogTuning},   {"ENV", kLogEnv},
+                {"ALLOC", kLogAlloc}, {"CALL", kLogCall},   {"PROXY", kLogProxy},     {"NVLS", kLogNvls},
+                {"BOOTSTRAP", kLogBootstrap}, {"REG", kLogReg}, {"ALL", kLogAll}};
   for (const auto& entry : kNames) {
     if (strlen(entry.name) == len && strncasecmp(entry.name, name, len) == 0) return entry.bit;
   }

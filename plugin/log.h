@@ -11,17 +11,24 @@ enum class LogLevel : int { kWarn = 2, kInfo = 3, kTrace = 5 };
 // Who speaks: selects the message prefix and the default NCCL subsystem bits.
 enum class LogComponent : int { kNet, kTuner, kExt };
 
-// NCCL's subsystem bits (ncclDebugLogSubSys), usable as extra flags on INFO/TRACE.
+// NCCL's subsystem bits (ncclDebugLogSubSys): flags on INFO/TRACE, and the names
+// NCCL_DEBUG_SUBSYS is parsed against while NCCL's logger is not there yet.
 enum LogSubsys : unsigned long {
   kLogInit = 1,
   kLogColl = 2,
   kLogP2p = 4,
+  kLogShm = 8,
   kLogNet = 16,
   kLogGraph = 32,
   kLogTuning = 64,
   kLogEnv = 128,
   kLogAlloc = 256,
+  kLogCall = 512,
   kLogProxy = 1024,
+  kLogNvls = 2048,
+  kLogBootstrap = 4096,
+  kLogReg = 8192,
+  kLogAll = ~0UL,
 };
 
 // Same shape as ncclDebugLogger_t (the level enum is passed as int).

@@ -15,12 +15,25 @@
 namespace unifab {
 namespace {
 
+// net/ restates these so that it needs no NCCL header; the adapter is where both are visible.
+static_assert(net::kHandleBytes == NCCL_NET_HANDLE_MAXSIZE, "listen handle size must match NCCL's");
+static_assert(net::kMaxRequestsPerComm == NCCL_NET_MAX_REQUESTS, "requests in flight must match NCCL's");
+static_assert(net::kMemoryHost == NCCL_PTR_HOST && net::kMemoryCuda == NCCL_PTR_CUDA && net::kMemoryDmaBuf == NCCL_PTR_DMABUF,
+              "pointer-support bits must match NCCL's");
+
 // The handle NCCL keeps per communicator between init and finalize.
 struct NetContext {
-  std::shared_ptr<net::Transport> transport;
-  uint64_t commId = 0;
-  int trafficClass = NCCL_NET_TRAFFIC_CLASS_UNDEF;
+  std::shared_ptr<net::Transport> transport;  // null with UNIFAB_NET_DISABLE=1
 };
+
+// The context's transport; an error when the net is disabled (NCCL was told of no devices).
+Result transportOf(void* ctx, const char* operation, net::Transport** transport) {
+  *transport = static_cast<NetContext*>(ctx)->transport.get();
+  if (*transport == nullptr) {
+    return UF_ERROR(unifabInvalidUsage, kNet, "%s: UNIFAB_NET_DISABLE=1, so unifab reported no devices", operation);
+  }
+  return unifabSuccess;
+}
 
 // NCCL keeps the name and PCI path pointers of the properties: the strings live as long as the
 // library. Devices never change within one load (parameters are read once).
@@ -52,17 +65,23 @@ struct RegionList {
   net::MemoryRegion* regions[net::kMaxGroupedRecvs] = {};
 };
 
-ncclResult_t netInit(void** ctx, uint64_t commId, ncclNetCommConfig_v11_t* config, ncclDebugLogger_t logFunction,
+ncclResult_t netInit(void** ctx, uint64_t commId, ncclNetCommConfig_v11_t* /*config*/, ncclDebugLogger_t logFunction,
                      ncclProfilerCallback_t /*profFunction*/) {
   if (logFunction != nullptr) logSetNcclLogger(reinterpret_cast<NcclLogFunction>(logFunction));
   return toNccl(guarded(LogComponent::kNet, "init", [&] {
+    if (ctx == nullptr) return UF_ERROR(unifabInvalidArgument, kNet, "init: ctx=NULL");
     *ctx = nullptr;
     auto context = std::make_unique<NetContext>();
-    context->commId = commId;
-    if (config != nullptr) context->trafficClass = config->trafficClass;
+    if (params().netDisable) {
+      // No transport, no progress threads: NCCL sees no devices and uses its own transports.
+      UF_INFO(kNet, kLogInit, "initialized for comm 0x%" PRIx64 " with UNIFAB_NET_DISABLE=1: no devices reported",
+              commId);
+      *ctx = context.release();
+      return unifabSuccess;
+    }
     UF_CHECK(net::acquireTransport(&context->transport));
-    UF_INFO(kNet, kLogInit, "initialized for comm 0x%" PRIx64 " over the %s transport%s", commId,
-            context->transport->name(), params().netDisable ? " (UNIFAB_NET_DISABLE=1: no devices reported)" : "");
+    UF_INFO(kNet, kLogInit, "initialized for comm 0x%" PRIx64 " over the %s transport", commId,
+            context->transport->name());
     *ctx = context.release();
     return unifabSuccess;
   }));
@@ -116,8 +135,10 @@ ncclResult_t netListen(void* ctx, int dev, void* handle, void** listenComm) {
       return UF_ERROR(unifabInvalidArgument, kNet, "listen: ctx, handle and listenComm must not be NULL");
     }
     *listenComm = nullptr;
+    net::Transport* transport = nullptr;
+    UF_CHECK(transportOf(ctx, "listen", &transport));
     std::unique_ptr<net::ListenComm> comm;
-    UF_CHECK(static_cast<NetContext*>(ctx)->transport->listen(dev, handle, &comm));
+    UF_CHECK(transport->listen(dev, handle, &comm));
     *listenComm = comm.release();
     return unifabSuccess;
   }));
@@ -129,8 +150,10 @@ ncclResult_t netConnect(void* ctx, int dev, void* handle, void** sendComm, ncclN
       return UF_ERROR(unifabInvalidArgument, kNet, "connect: ctx, handle and sendComm must not be NULL");
     }
     *sendComm = nullptr;
+    net::Transport* transport = nullptr;
+    UF_CHECK(transportOf(ctx, "connect", &transport));
     std::unique_ptr<net::SendComm> comm;
-    UF_CHECK(static_cast<NetContext*>(ctx)->transport->connect(dev, handle, &comm));
+    UF_CHECK(transport->connect(dev, handle, &comm));
     if (comm) *sendComm = toHandle(std::move(comm));
     return unifabSuccess;
   }));
@@ -227,16 +250,10 @@ ncclResult_t netTest(void* request, int* done, int* sizes) {
   }));
 }
 
-ncclResult_t netCloseSend(void* sendComm) {
-  return toNccl(guarded(LogComponent::kNet, "closeSend", [&] {
-    delete asComm(sendComm);
-    return unifabSuccess;
-  }));
-}
-
-ncclResult_t netCloseRecv(void* recvComm) {
-  return toNccl(guarded(LogComponent::kNet, "closeRecv", [&] {
-    delete asComm(recvComm);
+// closeSend and closeRecv: both comm kinds are deleted through their common base.
+ncclResult_t netCloseComm(void* comm) {
+  return toNccl(guarded(LogComponent::kNet, "close", [&] {
+    delete asComm(comm);
     return unifabSuccess;
   }));
 }
@@ -285,8 +302,8 @@ const ncclNet_v11_t ncclNetPlugin_v11 = {
     unifab::netIrecv,
     unifab::netIflush,
     unifab::netTest,
-    unifab::netCloseSend,
-    unifab::netCloseRecv,
+    unifab::netCloseComm,
+    unifab::netCloseComm,
     unifab::netCloseListen,
     nullptr,  // getDeviceMr: device-offload (UNPACK) plugins only
     nullptr,  // irecvConsumed: device-offload plugins only

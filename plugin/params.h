@@ -58,7 +58,8 @@ const Params& params();
 
 const std::vector<ParamInfo>& paramTable();
 
-// Parsers shared with the rule-file reader; they return false on malformed or out-of-range text.
+// Parsers of parameter values (the rule-file reader uses parseInt64 and parseSize too); false on
+// malformed or out-of-range text.
 bool parseInt64(const char* text, int64_t min, int64_t max, int64_t* out);
 bool parseSize(const char* text, int64_t min, int64_t max, int64_t* out);  // K/M/G suffixes
 bool parseBool(const char* text, bool* out);

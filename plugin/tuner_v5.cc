@@ -17,6 +17,10 @@ static_assert(NCCL_ALGO_RING == tuner::kRing && NCCL_ALGO_TREE == tuner::kTree &
 static_assert(NCCL_PROTO_LL == tuner::kLL && NCCL_PROTO_LL128 == tuner::kLL128 && NCCL_PROTO_SIMPLE == tuner::kSimple,
               "protocol indices must match NCCL's");
 static_assert(NCCL_HW_NVLINK == tuner::kLinkNvlink && NCCL_HW_NET == tuner::kLinkNet, "link indices must match");
+// The adapter walks NCCL's cost table and latency arrays with the tuner's bounds.
+static_assert(NCCL_NUM_ALGORITHMS_V5 == tuner::kNumAlgorithms && NCCL_NUM_PROTOCOLS_V5 == tuner::kNumProtocols &&
+                  NCCL_NUM_HW_LINKS_V5 == tuner::kNumLinks,
+              "array bounds must match NCCL's");
 static_assert(static_cast<int>(ncclFuncAllReduce) == tuner::kAllReduce && static_cast<int>(ncclFuncBroadcast) == tuner::kBroadcast &&
                   static_cast<int>(ncclFuncAllGather) == tuner::kAllGather,
               "collective indices must match NCCL's");
@@ -39,14 +43,9 @@ tuner::Topology buildTopology(size_t nRanks, size_t nNodes, const ncclNvlDomainI
   topo.ranksPerNode = nvl != nullptr && nvl->maxRanksPerNvlDomain > 0
                           ? nvl->maxRanksPerNvlDomain
                           : static_cast<int>(nNodes > 0 ? (nRanks + nNodes - 1) / nNodes : nRanks);
-  tuner::NvlinkInfo nvlink;
-  bool detected = detectNvlink(&nvlink);
-  if (detected) topo.computeCapability = nvlink.computeCapability;
-  if (p.tunerNvlinkGbps > 0) {
-    topo.nvlinkGBps = p.tunerNvlinkGbps;
-  } else if (detected && nvlink.activeLinks > 0) {
-    topo.nvlinkGBps = nvlink.activeLinks * nvlink.perLinkGBps;
-  }
+  const tuner::LocalGpu gpu = tuner::localGpu();
+  topo.computeCapability = gpu.computeCapability;
+  topo.nvlinkGBps = gpu.nvlinkGBps;
   if (p.tunerNetGbps > 0) {
     topo.netGBps = p.tunerNetGbps;
   } else if (int mbps = net::liveTransportSpeedMbps(); mbps > 0) {

@@ -35,21 +35,6 @@ bool CostModel::usable() const {
   return true;
 }
 
-bool CostModel::covers(int collective, int algorithm) {
-  switch (collective) {
-    case kAllReduce:
-      return algorithm == kRing || algorithm == kTree;
-    case kAllGather:
-    case kReduceScatter:
-      return algorithm == kRing || algorithm == kPat;
-    case kBroadcast:
-    case kReduce:
-      return algorithm == kRing;
-    default:
-      return false;
-  }
-}
-
 double CostModel::bottleneckGBps() const {
   double slowest = 1e300;
   if (topology_.ranksPerNode > 1) slowest = std::min(slowest, topology_.nvlinkGBps);

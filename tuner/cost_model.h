@@ -32,7 +32,8 @@ struct LatencyConstants {
   double llMaxGBps = 0;  // NCCL's cap on LL bandwidth for this GPU generation and scale; 0 = none
 };
 
-// Documented efficiency constants (docs/tuner.md); measured constants replace them per machine.
+// Documented efficiency constants (docs/tuner.md). They are the same on every machine today;
+// the constructor takes them so that calibration against measurements (issue 6) can replace them.
 struct ModelConstants {
   double protocolEfficiency[kNumProtocols] = {0.5, 120.0 / 128.0, 1.0};  // payload per byte on the wire
   double linkEfficiency = 0.8;       // achievable fraction of nominal link bandwidth
@@ -46,8 +47,6 @@ class CostModel {
 
   // True if the model knows the bandwidth of every link this communicator crosses.
   bool usable() const;
-  // Whether (collective, algorithm) is a pattern the model describes.
-  static bool covers(int collective, int algorithm);
   // Estimated microseconds for `bytes` (NCCL's nBytes for this collective), or < 0 if not covered.
   double estimateUs(int collective, int algorithm, int protocol, size_t bytes, int numPipeOps = 1) const;
 

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include "plugin/params.h"
+
 namespace unifab::tuner {
 namespace {
 
@@ -72,6 +74,19 @@ double nvlinkPerLinkGBps(int computeCapability) {
 bool detectNvlink(NvlinkInfo* info) {
   NvmlLibrary nvml;
   return nvml.query(info);
+}
+
+LocalGpu localGpu() {
+  static const NvlinkInfo detected = [] {
+    NvlinkInfo info;
+    if (!detectNvlink(&info)) info = NvlinkInfo();
+    return info;
+  }();
+  LocalGpu gpu;
+  gpu.computeCapability = detected.computeCapability;
+  const double configured = params().tunerNvlinkGbps;
+  gpu.nvlinkGBps = configured > 0 ? configured : detected.activeLinks * detected.perLinkGBps;
+  return gpu;
 }
 
 std::string Topology::describe() const {

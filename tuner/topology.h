@@ -28,6 +28,15 @@ struct NvlinkInfo {
 // NVLink of GPU 0 as NVML reports it (GPUs of a node are alike); false without NVML or GPU.
 bool detectNvlink(NvlinkInfo* info);
 
+// What the cost models use for this node's GPUs: NVLink bandwidth per GPU and direction
+// (UNIFAB_TUNER_NVLINK_GBPS when set, else active links x per-link rate) and the compute
+// capability; 0 where unknown. NVML is asked once per process.
+struct LocalGpu {
+  double nvlinkGBps = 0;
+  int computeCapability = 0;
+};
+LocalGpu localGpu();
+
 // Per-link bandwidth per direction for a GPU generation, from NVLink's published rates.
 double nvlinkPerLinkGBps(int computeCapability);
 

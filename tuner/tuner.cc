@@ -47,8 +47,8 @@ bool Tuner::applyModel(int collective, size_t bytes, int numPipeOps, float* tabl
   for (int a = 0; a < algorithms; ++a) {
     for (int p = 0; p < protocols; ++p) {
       if (table[a * numProtocols + p] < 0) continue;
-      // A usable entry the model cannot describe: its estimate and NCCL's would not be comparable.
-      if (!CostModel::covers(collective, a)) return false;
+      // A usable entry the model cannot describe (negative estimate): its estimate and NCCL's
+      // would not be comparable, so NCCL's table stays as it is.
       double us = model_.estimateUs(collective, a, p, bytes, numPipeOps);
       if (!(us >= 0)) return false;
       estimates[a * kNumProtocols + p] = static_cast<float>(us);

@@ -259,8 +259,7 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   unifab::tuner::EpSmQuery query;
   query.nRanks = dc.nRanks();
   query.deviceSms = group->deviceSms_;
-  unifab::tuner::NvlinkInfo nvlink;
-  if (unifab::tuner::detectNvlink(&nvlink) && nvlink.activeLinks > 0) query.nvlinkGBps = nvlink.activeLinks * nvlink.perLinkGBps;
+  query.nvlinkGBps = unifab::tuner::localGpu().nvlinkGBps;
   group->defaultSms_ = unifab::tuner::epHighThroughputSms(query);
   // A few routings made now: handles in use at once rarely exceed this, and beyond it the next
   // dispatch allocates (outside graph capture).

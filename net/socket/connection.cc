@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <cstring>
 
 namespace unifab::net::socket {
@@ -164,8 +163,9 @@ Result SocketSendComm::isend(const void* data, size_t size, int tag, MemoryRegio
   *request = nullptr;
   if (failed()) return failureResult("isend");
   if (data == nullptr && size > 0) return UF_ERROR(unifabInvalidArgument, kNet, "isend data=NULL with size=%zu", size);
-  if (size > static_cast<size_t>(INT_MAX)) {
-    return UF_ERROR(unifabInvalidArgument, kNet, "isend size=%zu exceeds the transfer limit %d", size, INT_MAX);
+  if (size > kMaxTransferBytes) {
+    return UF_ERROR(unifabInvalidArgument, kNet, "isend size=%zu exceeds the transfer limit %zu (maxP2pBytes)", size,
+                    kMaxTransferBytes);
   }
   if (region != nullptr && size > 0 &&
       (static_cast<const char*>(data) < static_cast<const char*>(region->base) ||

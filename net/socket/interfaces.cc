@@ -5,10 +5,13 @@
 #include <net/if.h>
 #include <netinet/in.h>
 
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+
+#include "plugin/log.h"
 
 namespace unifab::net::socket {
 namespace {
@@ -49,15 +52,16 @@ bool isLinkLocalV6(const sockaddr* address) {
   return IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr);
 }
 
-bool defaultPolicyMatches(const std::string& name) {
-  return name.compare(0, 2, "lo") != 0 && name.compare(0, 6, "docker") != 0;
-}
+// Without UNIFAB_SOCKET_IFNAME: every up interface except loopback and docker bridges, as NCCL.
+constexpr const char* kDefaultSpec = "^lo,docker";
 
-std::vector<NetInterface> collect(const std::string& spec, bool useDefaultPolicy, SocketFamily family,
-                                  int maxCount) {
+std::vector<NetInterface> collect(const std::string& spec, SocketFamily family, int maxCount) {
   std::vector<NetInterface> result;
   ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return result;
+  if (getifaddrs(&list) != 0) {
+    UF_WARN(kNet, "getifaddrs failed: %s; no network interface can be used", strerror(errno));
+    return result;
+  }
   // Two passes so that an interface's IPv4 address wins over its IPv6 one.
   for (int pass = 0; pass < 2; ++pass) {
     int wantedFamily = pass == 0 ? AF_INET : AF_INET6;
@@ -66,8 +70,7 @@ std::vector<NetInterface> collect(const std::string& spec, bool useDefaultPolicy
       if (entry->ifa_addr->sa_family != wantedFamily || !familyAllowed(wantedFamily, family)) continue;
       if (isLinkLocalV6(entry->ifa_addr)) continue;
       std::string name = entry->ifa_name;
-      bool selected = useDefaultPolicy ? defaultPolicyMatches(name) : interfaceMatches(spec, name);
-      if (!selected) continue;
+      if (!interfaceMatches(spec, name)) continue;
       bool seen = false;
       for (const NetInterface& known : result) seen = seen || known.name == name;
       if (seen || static_cast<int>(result.size()) >= maxCount) continue;
@@ -118,9 +121,9 @@ bool interfaceMatches(const std::string& spec, const std::string& name) {
 }
 
 std::vector<NetInterface> findInterfaces(const std::string& spec, SocketFamily family, int maxCount) {
-  if (!spec.empty()) return collect(spec, false, family, maxCount);
-  std::vector<NetInterface> found = collect(spec, true, family, maxCount);
-  if (found.empty()) found = collect("lo", false, family, maxCount);
+  if (!spec.empty()) return collect(spec, family, maxCount);
+  std::vector<NetInterface> found = collect(kDefaultSpec, family, maxCount);
+  if (found.empty()) found = collect("lo", family, maxCount);
   return found;
 }
 

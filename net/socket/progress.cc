@@ -55,25 +55,17 @@ Result ProgressEngine::start(int nThreads, int busyPollUs) {
   pinLibrary();
   busyPollUs_ = busyPollUs;
   for (int i = 0; i < nThreads; ++i) {
-    auto worker = std::make_unique<Worker>();
-    worker->epollFd = epoll_create1(EPOLL_CLOEXEC);
-    UF_SYSCHECK(worker->epollFd, kNet, "epoll_create1");
-    worker->wakeFd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (worker->wakeFd == -1) {
-      int err = errno;
-      close(worker->epollFd);
-      return UF_ERROR(unifabSystemError, kNet, "eventfd failed: %s", strerror(err));
-    }
+    // Owned by the engine before its descriptors exist: on failure the destructor closes them.
+    workers_.push_back(std::make_unique<Worker>());
+    Worker& worker = *workers_.back();
+    worker.epollFd = epoll_create1(EPOLL_CLOEXEC);
+    UF_SYSCHECK(worker.epollFd, kNet, "epoll_create1");
+    worker.wakeFd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    UF_SYSCHECK(worker.wakeFd, kNet, "eventfd");
     epoll_event event{};
     event.events = EPOLLIN;
     event.data.ptr = &g_wakeMarker;
-    if (epoll_ctl(worker->epollFd, EPOLL_CTL_ADD, worker->wakeFd, &event) == -1) {
-      int err = errno;
-      close(worker->wakeFd);
-      close(worker->epollFd);
-      return UF_ERROR(unifabSystemError, kNet, "epoll_ctl(wake fd) failed: %s", strerror(err));
-    }
-    workers_.push_back(std::move(worker));
+    UF_SYSCHECK(epoll_ctl(worker.epollFd, EPOLL_CTL_ADD, worker.wakeFd, &event), kNet, "epoll_ctl(ADD wake fd)");
   }
   for (auto& worker : workers_) {
     Worker* raw = worker.get();
@@ -87,16 +79,12 @@ Result ProgressEngine::start(int nThreads, int busyPollUs) {
 ProgressEngine::~ProgressEngine() {
   stopping_.store(true, std::memory_order_release);
   for (auto& worker : workers_) {
-    uint64_t one = 1;
-    if (write(worker->wakeFd, &one, sizeof(one)) < 0) {
-      // The counter cannot overflow here; a failed wake only delays the join by nothing since the
-      // loop also re-checks `stopping_` after every wait.
-    }
+    if (worker->wakeFd != -1) wake(worker.get());
   }
   for (auto& worker : workers_) {
     if (worker->thread.joinable()) worker->thread.join();
-    close(worker->wakeFd);
-    close(worker->epollFd);
+    if (worker->wakeFd != -1) close(worker->wakeFd);
+    if (worker->epollFd != -1) close(worker->epollFd);
   }
 }
 
@@ -118,8 +106,13 @@ void ProgressEngine::updateInterest(StreamRegistration* registration) {
   epoll_event event{};
   event.events = EPOLLIN | EPOLLRDHUP | (registration->wantWrite ? static_cast<uint32_t>(EPOLLOUT) : 0u);
   event.data.ptr = registration;
-  // ENOENT is possible only while the stream is being removed at close; nothing to do then.
-  epoll_ctl(workers_[registration->worker]->epollFd, EPOLL_CTL_MOD, registration->fd, &event);
+  // ENOENT is possible only while the stream is being removed at close; nothing to do then. Any
+  // other failure loses the write interest, and the stream's sends would stall: say so.
+  if (epoll_ctl(workers_[registration->worker]->epollFd, EPOLL_CTL_MOD, registration->fd, &event) == -1 &&
+      errno != ENOENT) {
+    UF_WARN(kNet, "epoll_ctl(MOD fd %d) failed: %s; sends on this stream may stall", registration->fd,
+            strerror(errno));
+  }
 }
 
 void ProgressEngine::setWriteInterest(StreamRegistration* registration, bool enabled) {
@@ -133,7 +126,8 @@ void ProgressEngine::detach(StreamRegistration* registration) {
   std::lock_guard<std::mutex> lock(registration->mutex);
   if (registration->detached) return;
   registration->detached = true;
-  epoll_ctl(workers_[registration->worker]->epollFd, EPOLL_CTL_DEL, registration->fd, nullptr);
+  // Fails only if the fd is already out of the set (ENOENT), which is the state wanted.
+  (void)epoll_ctl(workers_[registration->worker]->epollFd, EPOLL_CTL_DEL, registration->fd, nullptr);
 }
 
 void ProgressEngine::wake(Worker* worker) {

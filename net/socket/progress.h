@@ -1,6 +1,7 @@
 // The socket transport's progress engine: a few threads, each running an epoll loop over the
-// streams assigned to it, shared by every connection of the process. NCCL's proxy thread only
-// queues work and polls request states; all socket I/O happens here.
+// streams assigned to it, shared by every connection of the process. Bulk socket I/O happens
+// here; payloads up to UNIFAB_SOCKET_INLINE_BYTES are moved by NCCL's proxy thread itself when it
+// posts or tests a request (connection.h), which saves a thread hand-off on small messages.
 #pragma once
 
 #include <atomic>
@@ -54,8 +55,8 @@ class ProgressEngine {
   void remove(StreamRegistration* registration);
   // Turns output readiness notifications on or off; callable from any thread.
   void setWriteInterest(StreamRegistration* registration, bool enabled);
-  // Stops all notifications for a stream that hit EOF or an error (its own progress thread only),
-  // so that a dead socket does not wake the loop forever.
+  // Stops all notifications for a stream that hit EOF or an error, so that a dead socket does not
+  // wake the loop forever. Any thread (a progress thread, or the proxy during inline I/O).
   void detach(StreamRegistration* registration);
   // Has the stream's progress thread call onWritable soon. While that thread polls this costs
   // the caller no system call, which takes small control writes off NCCL's proxy thread.

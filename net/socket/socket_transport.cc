@@ -1,18 +1,18 @@
 #include "net/socket/socket_transport.h"
 
-#include <fcntl.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
+#include <thread>
 
 namespace unifab::net::socket {
 namespace {
 
-constexpr size_t kMaxTransferBytes = size_t{1} << 30;  // test() reports sizes as int
 constexpr int kMaxCommsPerDevice = 65536;
 constexpr int kListenBacklog = 4096;
 
@@ -187,8 +187,8 @@ class SocketListenComm final : public ListenComm {
 // Lives in the handle's connectStage between NCCL's repeated connect() calls.
 class Connector {
  public:
-  Connector(const ListenHandle& handle, int nStreams, const SocketTransportOptions& options)
-      : handle_(handle), nStreams_(nStreams), options_(options), connectionId_(randomId()) {}
+  Connector(const ListenHandle& handle, const SocketTransportOptions& options)
+      : handle_(handle), options_(options), connectionId_(randomId()) {}
 
   ~Connector() {
     for (Stream& stream : streams_) {
@@ -197,21 +197,21 @@ class Connector {
   }
 
   Result begin() {
-    std::string target = formatAddress(&handle_.address.sa);
-    for (int i = 0; i < nStreams_; ++i) {
+    const std::string peer = target();
+    for (int i = 0; i < options_.nStreams; ++i) {
       int fd = ::socket(handle_.address.sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
       UF_SYSCHECK(fd, kNet, "socket()");
       streams_.push_back(Stream{fd, false, 0, Hello{}});
       UF_CHECK(configureStream(fd, options_.bufferBytes));
       if (::connect(fd, &handle_.address.sa, handle_.addressLength) != 0 && errno != EINPROGRESS) {
         int err = errno;
-        return UF_ERROR(unifabRemoteError, kNet, "connect to %s failed: %s", target.c_str(), strerror(err));
+        return UF_ERROR(unifabRemoteError, kNet, "connect to %s failed: %s", peer.c_str(), strerror(err));
       }
       Hello& hello = streams_.back().hello;
       hello.magic = kWireMagic;
       hello.version = kWireVersion;
       hello.streamIndex = static_cast<uint16_t>(i);
-      hello.streamCount = static_cast<uint16_t>(nStreams_);
+      hello.streamCount = static_cast<uint16_t>(options_.nStreams);
       hello.connectionId = connectionId_;
       hello.listenId = handle_.listenId;
     }
@@ -235,7 +235,7 @@ class Connector {
         if (n < 0 || getsockopt(stream.fd, SOL_SOCKET, SO_ERROR, &err, &length) != 0) err = errno;
         if (err != 0) {
           return UF_ERROR(unifabRemoteError, kNet, "connect to %s failed: %s",
-                          formatAddress(&handle_.address.sa).c_str(), strerror(err));
+                          target().c_str(), strerror(err));
         }
         stream.connected = true;
       }
@@ -249,7 +249,7 @@ class Connector {
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
         int err = errno;
         return UF_ERROR(unifabRemoteError, kNet, "introducing stream to %s failed: %s",
-                        formatAddress(&handle_.address.sa).c_str(), strerror(err));
+                        target().c_str(), strerror(err));
       }
       all = all && stream.helloSent == sizeof(Hello);
     }
@@ -276,7 +276,6 @@ class Connector {
     Hello hello;
   };
   ListenHandle handle_;
-  int nStreams_;
   SocketTransportOptions options_;
   uint64_t connectionId_;
   std::vector<Stream> streams_;
@@ -292,7 +291,12 @@ Result SocketTransport::create(const SocketTransportOptions& options, std::uniqu
     return UF_ERROR(unifabSystemError, kNet, "no usable network interface (UNIFAB_SOCKET_IFNAME=\"%s\")",
                     options.ifname.c_str());
   }
-  UF_CHECK(ProgressEngine::acquire(options.nThreads, options.busyPollUs, &created->engine_));
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  int nThreads = options.nThreads > 0 ? options.nThreads : static_cast<int>(std::clamp(cores / 4, 1u, 8u));
+  int busyPollUs = options.busyPollUs;
+  // Polling threads only pay off when they do not compete with the application for cores.
+  if (busyPollUs < 0) busyPollUs = cores >= 4u * static_cast<unsigned>(nThreads) ? 100 : 0;
+  UF_CHECK(ProgressEngine::acquire(nThreads, busyPollUs, &created->engine_));
   for (size_t i = 0; i < created->interfaces_.size(); ++i) {
     const NetInterface& iface = created->interfaces_[i];
     UF_INFO(kNet, kLogInit, "device %zu: %s %s%s%s, %d stream(s) per connection", i, iface.name.c_str(),
@@ -370,32 +374,26 @@ Result SocketTransport::connect(int dev, void* handle, std::unique_ptr<SendComm>
                     "version %u); are both ranks using the same plugin?",
                     static_cast<unsigned>(kWireVersion), listenHandle.magic, static_cast<unsigned>(listenHandle.version));
   }
-  auto* connector = static_cast<Connector*>(listenHandle.connectStage);
+  // Between calls the connector lives in the handle NCCL passes back; during a call it is owned
+  // here, and goes back into the handle only while the connection is still in progress.
+  std::unique_ptr<Connector> connector(static_cast<Connector*>(listenHandle.connectStage));
   auto storeStage = [handle](Connector* stage) {
     memcpy(static_cast<char*>(handle) + offsetof(ListenHandle, connectStage), &stage, sizeof(stage));
   };
-  if (connector == nullptr) {
-    connector = new Connector(listenHandle, options_.nStreams, options_);
-    Result result = connector->begin();
-    if (result != unifabSuccess) {
-      delete connector;
-      return result;
-    }
-    storeStage(connector);
+  storeStage(nullptr);
+  if (!connector) {
+    connector = std::make_unique<Connector>(listenHandle, options_);
+    UF_CHECK(connector->begin());
   }
   bool ready = false;
-  Result result = connector->progress(&ready);
-  if (result != unifabSuccess || !ready) {
-    if (result != unifabSuccess) {
-      storeStage(nullptr);
-      delete connector;
-    }
-    return result;
+  UF_CHECK(connector->progress(&ready));
+  if (!ready) {
+    storeStage(connector.release());
+    return unifabSuccess;
   }
-  storeStage(nullptr);
   std::string peer = connector->target();
   std::vector<int> fds = connector->releaseFds();
-  delete connector;
+  connector.reset();
   auto sendComm = std::make_unique<SocketSendComm>(engine_, std::move(fds), peer, options_.connection);
   UF_CHECK(sendComm->start());
   UF_INFO(kNet, kLogInit, "connected to %s with %d stream(s)", peer.c_str(), sendComm->streamCount());

@@ -16,8 +16,8 @@ struct SocketTransportOptions {
   std::string ifname;
   SocketFamily family = SocketFamily::kAny;
   int nStreams = 4;
-  int nThreads = 4;
-  int busyPollUs = 0;
+  int nThreads = 0;     // progress threads; 0: a quarter of the cores, 1..8
+  int busyPollUs = -1;  // -1: 100 us where each thread has 4 cores to itself, else 0
   int speedMbps = 0;  // 0: per interface from sysfs, 10000 if unknown
   int64_t bufferBytes = 0;
   ConnectionOptions connection;

@@ -1,5 +1,6 @@
-// On-the-wire formats of the socket transport. Both ends run the same library version (the
-// handshake checks it); all integers are in host order, since NCCL's peers share the handle
+// On-the-wire formats of the socket transport. Both ends speak the same wire version (the
+// listen handle and every Hello carry kWireVersion, bumped whenever a format below changes);
+// all integers are in host order, since NCCL's peers share the handle
 // format anyway and mixed-endian clusters are not a target.
 //
 // A connection is `nStreams` TCP sockets from the sender to the receiver. Protocol:
