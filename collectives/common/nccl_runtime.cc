@@ -37,7 +37,7 @@ Resolution resolveOnce() {
   NcclRuntime& n = r.runtime;
   bool ok = resolve(library, "ncclGetVersion", &n.getVersion) && resolve(library, "ncclGetErrorString", &n.getErrorString) &&
             resolve(library, "ncclGetLastError", &n.getLastError) && resolve(library, "ncclCommCount", &n.commCount) &&
-            resolve(library, "ncclCommUserRank", &n.commUserRank) && resolve(library, "ncclCommCuDevice", &n.commCuDevice) &&
+            resolve(library, "ncclCommCuDevice", &n.commCuDevice) &&
             resolve(library, "ncclMemAlloc", &n.memAlloc) && resolve(library, "ncclMemFree", &n.memFree) &&
             resolve(library, "ncclCommWindowRegister", &n.windowRegister) &&
             resolve(library, "ncclCommWindowDeregister", &n.windowDeregister) &&

@@ -17,7 +17,6 @@ struct NcclRuntime {
   const char* (*getErrorString)(ncclResult_t) = nullptr;
   const char* (*getLastError)(ncclComm_t) = nullptr;
   ncclResult_t (*commCount)(const ncclComm_t, int*) = nullptr;
-  ncclResult_t (*commUserRank)(const ncclComm_t, int*) = nullptr;
   ncclResult_t (*commCuDevice)(const ncclComm_t, int*) = nullptr;
   ncclResult_t (*memAlloc)(void**, size_t) = nullptr;
   ncclResult_t (*memFree)(void*) = nullptr;
@@ -37,7 +36,7 @@ Result ncclFailure(ncclResult_t result, const char* call, ncclComm_t comm, const
 
 }  // namespace unifab::collectives
 
-#define UF_NCCL_CHECK(nccl, call, comm)                                                       \
+#define UF_NCCL_CHECK(call, comm)                                                       \
   do {                                                                                        \
     ncclResult_t uf_nccl_ = (call);                                                           \
     if (uf_nccl_ != ncclSuccess) return ::unifab::collectives::ncclFailure(uf_nccl_, #call, comm, __FILE__, __LINE__); \

@@ -5,56 +5,80 @@
 #include <mutex>
 
 #include "collectives/common/cuda_check.h"
+#include "collectives/common/device_guard.h"
 #include "kernels/common/window.h"
 
 namespace unifab::collectives {
 namespace {
 
-std::mutex g_registryMutex;
-std::map<ncclComm_t, std::weak_ptr<DeviceComm>> g_registry;
-
-// Makes `device` current for a scope and restores the caller's device afterwards.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    UF_CUDA_WARN(cudaGetDevice(&previous_));
-    if (previous_ != device) UF_CUDA_WARN(cudaSetDevice(device));
-  }
-  ~DeviceGuard() { UF_CUDA_WARN(cudaSetDevice(previous_)); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
+// One entry per communicator. Creating a device communicator is collective, so a process that
+// drives each of its GPUs from its own thread has several creations in flight at once: each
+// waits under its own communicator's mutex, never under the registry's.
+struct RegistryEntry {
+  std::mutex creating;
+  std::weak_ptr<DeviceComm> comm;
 };
+std::mutex g_registryMutex;
+std::map<ncclComm_t, std::shared_ptr<RegistryEntry>> g_registry;
 
 // A blocking all-rank barrier on the communicator, used only while setting memory up.
 Result hostBarrier(const DeviceComm& comm) {
   cudaStream_t stream = nullptr;
   int* scratch = nullptr;
   UF_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  Result result = unifabSuccess;
-  if (cudaMallocAsync(&scratch, sizeof(int), stream) != cudaSuccess ||
-      cudaMemsetAsync(scratch, 0, sizeof(int), stream) != cudaSuccess) {
-    result = UF_ERROR(unifabUnhandledCudaError, kExt, "allocating barrier scratch failed");
-  } else if (comm.nccl().allReduce(scratch, scratch, 1, ncclInt32, ncclSum, comm.comm(), stream) != ncclSuccess) {
-    result = UF_ERROR(unifabRemoteError, kExt, "barrier over the communicator failed: %s",
-                      comm.nccl().getLastError(comm.comm()));
-  }
+  // The stream and scratch word are released on every path; the first failure is the result.
+  auto body = [&]() -> Result {
+    UF_CUDA_CHECK(cudaMallocAsync(&scratch, sizeof(int), stream));
+    UF_CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(int), stream));
+    UF_NCCL_CHECK(comm.nccl().allReduce(scratch, scratch, 1, ncclInt32, ncclSum, comm.comm(), stream), comm.comm());
+    UF_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return unifabSuccess;
+  };
+  Result result = body();
   if (scratch != nullptr) UF_CUDA_WARN(cudaFreeAsync(scratch, stream));
-  if (cudaStreamSynchronize(stream) != cudaSuccess && result == unifabSuccess) {
-    result = UF_ERROR(unifabUnhandledCudaError, kExt, "barrier stream failed");
-  }
+  UF_CUDA_WARN(cudaStreamSynchronize(stream));
   UF_CUDA_WARN(cudaStreamDestroy(stream));
   return result;
+}
+
+// Every LSA peer's window base as this GPU addresses it, and the probe word read through it. A
+// private stream keeps the application's streams out of it; one allocation holds both arrays.
+cudaError_t readPeerBases(ncclWindow_t window, int lsaSize, size_t probeOffset, char** bases, int* probes) {
+  cudaStream_t stream = nullptr;
+  cudaError_t status = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (status != cudaSuccess) return status;
+  const size_t basesBytes = sizeof(char*) * lsaSize;
+  char* scratch = nullptr;
+  status = cudaMallocAsync(&scratch, basesBytes + sizeof(int) * lsaSize, stream);
+  if (status == cudaSuccess) {
+    char** deviceBases = reinterpret_cast<char**>(scratch);
+    int* deviceProbes = reinterpret_cast<int*>(scratch + basesBytes);
+    status = kernels::queryPeerBases(window, lsaSize, probeOffset, deviceBases, deviceProbes, stream);
+    if (status == cudaSuccess) status = cudaMemcpyAsync(bases, deviceBases, basesBytes, cudaMemcpyDeviceToHost, stream);
+    if (status == cudaSuccess) {
+      status = cudaMemcpyAsync(probes, deviceProbes, sizeof(int) * lsaSize, cudaMemcpyDeviceToHost, stream);
+    }
+    UF_CUDA_WARN(cudaFreeAsync(scratch, stream));
+  }
+  cudaError_t synced = cudaStreamSynchronize(stream);
+  if (status == cudaSuccess) status = synced;
+  UF_CUDA_WARN(cudaStreamDestroy(stream));
+  return status;
 }
 
 }  // namespace
 
 Result DeviceComm::acquire(ncclComm_t comm, std::shared_ptr<DeviceComm>* out) {
   if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
-  std::lock_guard<std::mutex> lock(g_registryMutex);
-  if (auto existing = g_registry[comm].lock()) {
+  std::shared_ptr<RegistryEntry> entry;
+  {
+    std::lock_guard<std::mutex> lock(g_registryMutex);
+    std::shared_ptr<RegistryEntry>& slot = g_registry[comm];
+    if (!slot) slot = std::make_shared<RegistryEntry>();
+    entry = slot;
+  }
+  std::lock_guard<std::mutex> creating(entry->creating);
+  if (auto existing = entry->comm.lock()) {
     *out = std::move(existing);
     return unifabSuccess;
   }
@@ -62,14 +86,18 @@ Result DeviceComm::acquire(ncclComm_t comm, std::shared_ptr<DeviceComm>* out) {
   UF_CHECK(ncclRuntime(&created->nccl_));
   const NcclRuntime& n = *created->nccl_;
   created->comm_ = comm;
-  UF_NCCL_CHECK(n, n.commCuDevice(comm, &created->cudaDevice_), comm);
+  UF_NCCL_CHECK(n.commCuDevice(comm, &created->cudaDevice_), comm);
   DeviceGuard guard(created->cudaDevice_);
+#if defined(NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER)
+  ncclDevCommRequirements requirements = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+#else
   ncclDevCommRequirements requirements;
   memset(&requirements, 0, sizeof(requirements));  // NCCL 2.28 has no initializer: zero is "nothing extra"
-  UF_NCCL_CHECK(n, n.devCommCreate(comm, &requirements, &created->devComm_), comm);
+#endif
+  UF_NCCL_CHECK(n.devCommCreate(comm, &requirements, &created->devComm_), comm);
   UF_INFO(kExt, kLogInit, "device communicator: rank %d of %d, LSA rank %d of %d, GPU %d", created->rank(),
           created->nRanks(), created->lsaRank(), created->lsaSize(), created->cudaDevice_);
-  g_registry[comm] = created;
+  entry->comm = created;
   *out = std::move(created);
   return unifabSuccess;
 }
@@ -82,7 +110,10 @@ DeviceComm::~DeviceComm() {
   }
   std::lock_guard<std::mutex> lock(g_registryMutex);
   auto it = g_registry.find(comm_);
-  if (it != g_registry.end() && it->second.expired()) g_registry.erase(it);
+  if (it == g_registry.end()) return;
+  // A creation for the same communicator may be under way: its entry stays.
+  std::lock_guard<std::mutex> creating(it->second->creating);
+  if (it->second->comm.expired()) g_registry.erase(it);
 }
 
 Result SymmetricWindow::create(std::shared_ptr<DeviceComm> comm, size_t bytes, std::unique_ptr<SymmetricWindow>* out) {
@@ -94,29 +125,19 @@ Result SymmetricWindow::create(std::shared_ptr<DeviceComm> comm, size_t bytes, s
   size_t probeOffset = (bytes + 15) / 16 * 16;
   size_t total = probeOffset + 16;
   void* memory = nullptr;
-  UF_NCCL_CHECK(n, n.memAlloc(&memory, total), comm->comm());
+  UF_NCCL_CHECK(n.memAlloc(&memory, total), comm->comm());
   created->local_ = static_cast<char*>(memory);
-  created->bytes_ = bytes;
   UF_CUDA_CHECK(cudaMemset(memory, 0, total));
   int probeValue = comm->rank() + 1;
   UF_CUDA_CHECK(cudaMemcpy(created->local_ + probeOffset, &probeValue, sizeof(probeValue), cudaMemcpyHostToDevice));
-  UF_NCCL_CHECK(n, n.windowRegister(comm->comm(), memory, total, &created->window_, NCCL_WIN_COLL_SYMMETRIC),
+  UF_NCCL_CHECK(n.windowRegister(comm->comm(), memory, total, &created->window_, NCCL_WIN_COLL_SYMMETRIC),
                 comm->comm());
   UF_CHECK(hostBarrier(*comm));  // every rank's memory is zeroed, probed and registered
 
   const int lsaSize = comm->lsaSize();
-  char** deviceBases = nullptr;
-  int* deviceProbe = nullptr;
-  UF_CUDA_CHECK(cudaMalloc(&deviceBases, sizeof(char*) * lsaSize));
-  UF_CUDA_CHECK(cudaMalloc(&deviceProbe, sizeof(int) * lsaSize));
-  cudaError_t launched = kernels::queryPeerBases(created->window_, lsaSize, probeOffset, deviceBases, deviceProbe, nullptr);
   std::vector<int> probes(lsaSize, 0);
   created->peerBases_.assign(lsaSize, nullptr);
-  cudaError_t copied = launched == cudaSuccess ? cudaDeviceSynchronize() : launched;
-  if (copied == cudaSuccess) copied = cudaMemcpy(created->peerBases_.data(), deviceBases, sizeof(char*) * lsaSize, cudaMemcpyDeviceToHost);
-  if (copied == cudaSuccess) copied = cudaMemcpy(probes.data(), deviceProbe, sizeof(int) * lsaSize, cudaMemcpyDeviceToHost);
-  UF_CUDA_WARN(cudaFree(deviceBases));
-  UF_CUDA_WARN(cudaFree(deviceProbe));
+  cudaError_t copied = readPeerBases(created->window_, lsaSize, probeOffset, created->peerBases_.data(), probes.data());
   if (copied != cudaSuccess) {
     return UF_ERROR(unifabInvalidUsage, kExt,
                     "reading the window of the LSA peers failed (%s): the communicator has no device-API support "

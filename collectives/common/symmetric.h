@@ -20,7 +20,6 @@ class DeviceComm {
   DeviceComm& operator=(const DeviceComm&) = delete;
 
   ncclComm_t comm() const { return comm_; }
-  const ncclDevComm& devComm() const { return devComm_; }
   int rank() const { return devComm_.rank; }
   int nRanks() const { return devComm_.nRanks; }
   int lsaRank() const { return devComm_.lsaRank; }
@@ -46,8 +45,6 @@ class SymmetricWindow {
   SymmetricWindow& operator=(const SymmetricWindow&) = delete;
 
   char* localBase() const { return local_; }
-  ncclWindow_t window() const { return window_; }
-  size_t bytes() const { return bytes_; }
   const std::vector<char*>& peerBases() const { return peerBases_; }
 
  private:
@@ -55,7 +52,6 @@ class SymmetricWindow {
   std::shared_ptr<DeviceComm> comm_;
   char* local_ = nullptr;
   ncclWindow_t window_ = nullptr;
-  size_t bytes_ = 0;
   std::vector<char*> peerBases_;
 };
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "collectives/common/cuda_check.h"
+#include "collectives/common/device_guard.h"
 #include "plugin/params.h"
 #include "tuner/ep_policy.h"
 #include "tuner/topology.h"
@@ -13,6 +14,10 @@
 using unifab::Result;
 using unifab::kLogInit;
 namespace kep = unifab::kernels::ep;
+
+// hostCounts copies one count per local expert; a group has at most kMaxExperts of them.
+static_assert(sizeof(unifabEpDispatchResult_t::hostRecvRowsPerExpert) / sizeof(int) >= kep::kMaxExperts,
+              "hostRecvRowsPerExpert must hold every local expert");
 
 namespace unifab::collectives::ep {
 // User structs may carry any bit pattern in an enum field; reading it as the enum type when it holds
@@ -39,11 +44,15 @@ bool aligned16(const void* pointer) { return (reinterpret_cast<uintptr_t>(pointe
 class Carver {
  public:
   explicit Carver(char* base) : base_(base) {}
+  // Offset of the next `bytes`, rounded up so that the following array starts aligned.
+  size_t reserve(size_t bytes) {
+    const size_t offset = offset_;
+    offset_ = alignUp(offset_ + bytes);
+    return offset;
+  }
   template <typename T>
   T* take(size_t count) {
-    T* result = reinterpret_cast<T*>(base_ + offset_);
-    offset_ = alignUp(offset_ + sizeof(T) * count);
-    return result;
+    return reinterpret_cast<T*>(base_ + reserve(sizeof(T) * count));
   }
   size_t used() const { return offset_; }
 
@@ -52,56 +61,64 @@ class Carver {
   size_t offset_ = 0;
 };
 
+// One zeroed device allocation for every array `carveAll` takes from a Carver: a pass over a null
+// base measures, the second hands out the pointers, so the list of arrays is written once.
+template <typename CarveAll>
+Result allocateCarved(void** memory, CarveAll carveAll) {
+  Carver measure(nullptr);
+  carveAll(measure);
+  UF_CUDA_CHECK(cudaMalloc(memory, measure.used()));
+  UF_CUDA_CHECK(cudaMemset(*memory, 0, measure.used()));
+  Carver carve(static_cast<char*>(*memory));
+  carveAll(carve);
+  return unifabSuccess;
+}
+
 int expertRowCapacity(const unifabEpConfig_t& config, int nRanks) {
   int localExperts = config.numExperts / nRanks;
   return nRanks * config.maxTokensPerRank * std::min(config.topk, localExperts) + localExperts * (kMaxExpertAlignment - 1);
 }
 
-Result validateConfig(const unifabEpConfig_t* config, int nRanks) {
-  if (config == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "config=NULL");
-  if (config->size < sizeof(unifabEpConfig_t)) {
+Result validateConfig(const unifabEpConfig_t& config, int nRanks) {
+  if (config.size < sizeof(unifabEpConfig_t)) {
     return UF_ERROR(unifabInvalidArgument, kExt, "config->size=%zu, expected %zu: initialise it with UNIFAB_EP_CONFIG_INIT",
-                    config->size, sizeof(unifabEpConfig_t));
+                    config.size, sizeof(unifabEpConfig_t));
   }
-  if (rawEnum(config->mode) != unifabEpHighThroughput) {
+  if (rawEnum(config.mode) != unifabEpHighThroughput) {
     return UF_ERROR(unifabInvalidArgument, kExt, "config->mode=%d: this version offers unifabEpHighThroughput (0)",
-                    rawEnum(config->mode));
+                    rawEnum(config.mode));
   }
   if (nRanks < 1 || nRanks > kep::kMaxRanks) {
     return UF_ERROR(unifabInvalidUsage, kExt, "the communicator has %d ranks; EP groups support 1..%d", nRanks, kep::kMaxRanks);
   }
-  if (config->numExperts < nRanks || config->numExperts > kep::kMaxExperts || config->numExperts % nRanks != 0) {
+  if (config.numExperts < nRanks || config.numExperts > kep::kMaxExperts || config.numExperts % nRanks != 0) {
     return UF_ERROR(unifabInvalidArgument, kExt, "config->numExperts=%d must be a multiple of the %d ranks in %d..%d",
-                    config->numExperts, nRanks, nRanks, kep::kMaxExperts);
+                    config.numExperts, nRanks, nRanks, kep::kMaxExperts);
   }
-  if (config->topk < 1 || config->topk > kep::kMaxTopk || config->topk > config->numExperts) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "config->topk=%d is outside 1..min(%d, numExperts=%d)", config->topk,
-                    kep::kMaxTopk, config->numExperts);
+  if (config.topk < 1 || config.topk > kep::kMaxTopk || config.topk > config.numExperts) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->topk=%d is outside 1..min(%d, numExperts=%d)", config.topk,
+                    kep::kMaxTopk, config.numExperts);
   }
-  if (config->hidden < 128 || config->hidden % 128 != 0 || config->hidden > (1 << 16)) {
+  if (config.hidden < 128 || config.hidden % 128 != 0 || config.hidden > (1 << 16)) {
     return UF_ERROR(unifabInvalidArgument, kExt,
                     "config->hidden=%d must be a multiple of 128 in 128..65536 (FP8 scales cover 128 values)",
-                    config->hidden);
+                    config.hidden);
   }
-  if (config->maxTokensPerRank < 1 || config->maxTokensPerRank > kMaxTokensPerRank) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "config->maxTokensPerRank=%d is outside 1..%d", config->maxTokensPerRank,
+  if (config.maxTokensPerRank < 1 || config.maxTokensPerRank > kMaxTokensPerRank) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->maxTokensPerRank=%d is outside 1..%d", config.maxTokensPerRank,
                     kMaxTokensPerRank);
   }
-  if (config->maxSms < 0) return UF_ERROR(unifabInvalidArgument, kExt, "config->maxSms=%d is negative", config->maxSms);
+  if (config.maxSms < 0) return UF_ERROR(unifabInvalidArgument, kExt, "config->maxSms=%d is negative", config.maxSms);
   return unifabSuccess;
 }
 
+// The most serious error among the bits in `code`: a timeout leaves the group unusable.
 const char* errorName(int code) {
-  switch (code) {
-    case kep::kErrorTimeout:
-      return "a peer did not signal within UNIFAB_EP_TIMEOUT_MS (it stopped, or ranks issued different calls)";
-    case kep::kErrorBadExpertId:
-      return "a top-k expert id was outside -1..numExperts-1 (it was treated as -1)";
-    case kep::kErrorTooManyRows:
-      return "more rows were received than the group can hold";
-    default:
-      return "unknown device error";
+  if (code & kep::kErrorTimeout) {
+    return "a peer did not signal within UNIFAB_EP_TIMEOUT_MS (it stopped, or ranks issued different calls)";
   }
+  if (code & kep::kErrorBadExpertId) return "a top-k expert id was outside -1..numExperts-1 (it was treated as -1)";
+  return "unknown device error";
 }
 
 }  // namespace
@@ -114,9 +131,7 @@ Result RoutingBuffers::allocate(const kep::GroupView& view) {
   const int n = view.nRanks;
   const int tokens = view.maxTokensPerRank;
   const int capacity = view.layout.recvCapacity;
-  // Two passes over the same carving: the first measures, the second hands out pointers.
-  for (int pass = 0; pass < 2; ++pass) {
-    Carver carve(static_cast<char*>(memory_));
+  return allocateCarved(&memory_, [&](Carver& carve) {
     routing.tokenRanks = carve.take<uint64_t>(tokens);
     routing.tokenSlot = carve.take<int>(static_cast<size_t>(tokens) * n);
     routing.topkIds = carve.take<int>(static_cast<size_t>(tokens) * view.topk);
@@ -125,19 +140,15 @@ Result RoutingBuffers::allocate(const kep::GroupView& view) {
     routing.sendExpertCounts = carve.take<int>(view.numExperts);
     routing.sendOffset = carve.take<int>(n);
     routing.recvRowsPerRank = carve.take<int>(n);
-    routing.recvRankOffset = carve.take<int>(n + 1);
     routing.recvRowsPerExpert = carve.take<int>(view.numLocalExperts);
     routing.expertOffsets = carve.take<int>(view.numLocalExperts + 1);
     routing.numRecvRows = carve.take<int>(1);
     routing.numExpertRows = carve.take<int>(1);
     routing.expertSlot = carve.take<int>(static_cast<size_t>(capacity) * view.topk);
-    if (pass == 0) UF_CUDA_CHECK(cudaMalloc(&memory_, carve.used()));
-    if (pass == 1) UF_CUDA_CHECK(cudaMemset(memory_, 0, carve.used()));
-  }
-  return unifabSuccess;
+  });
 }
 
-Result RoutingPool::take(std::unique_ptr<RoutingBuffers>* buffers) {
+Result RoutingPool::take(bool mayAllocate, std::unique_ptr<RoutingBuffers>* buffers) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!free_.empty()) {
@@ -145,6 +156,11 @@ Result RoutingPool::take(std::unique_ptr<RoutingBuffers>* buffers) {
       free_.pop_back();
       return unifabSuccess;
     }
+  }
+  if (!mayAllocate) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "every prepared routing is held by a live handle and a capturing stream cannot allocate another: "
+                    "destroy unused handles (unifabEpHandleDestroy) before capturing");
   }
   auto created = std::make_unique<RoutingBuffers>();
   UF_CHECK(created->allocate(view_));
@@ -167,50 +183,52 @@ unifabEpHandle::~unifabEpHandle() {
 }
 
 Result unifabEpGroup::planLayout(const unifabEpConfig_t& config, int nRanks, kep::WindowLayout* layout) {
-  UF_CHECK(unifab::collectives::ep::validateConfig(&config, nRanks));
-  using unifab::collectives::ep::alignUp;
+  UF_CHECK(unifab::collectives::ep::validateConfig(config, nRanks));
   kep::WindowLayout L{};
   L.recvCapacity = nRanks * config.maxTokensPerRank;
   L.countRowInts = nRanks + config.numExperts;
   L.rowBytes = config.hidden * 2;
   const size_t cap = static_cast<size_t>(L.recvCapacity);
-  size_t at = 0;
-  auto place = [&at](size_t bytes) {
-    size_t offset = at;
-    at = alignUp(at + bytes);
-    return offset;
-  };
-  L.control = place(sizeof(kep::Control));
-  L.countRows = place(sizeof(int) * static_cast<size_t>(nRanks) * L.countRowInts);
-  L.recvX = place(cap * L.rowBytes);
-  L.recvScales = place(sizeof(float) * cap * (config.hidden / kep::kScaleBlock));
-  L.recvTopk = place(sizeof(int) * cap * config.topk);
-  L.recvWeights = place(sizeof(float) * cap * config.topk);
-  L.recvSource = place(sizeof(int) * cap * 2);
-  L.combineX = place(static_cast<size_t>(nRanks) * config.maxTokensPerRank * config.hidden * 2);
-  L.combineWeights = place(sizeof(float) * static_cast<size_t>(nRanks) * config.maxTokensPerRank * config.topk);
-  L.total = at;
+  unifab::collectives::ep::Carver window(nullptr);  // offsets only: the window is allocated by NCCL
+  L.control = window.reserve(sizeof(kep::Control));
+  L.countRows = window.reserve(sizeof(int) * static_cast<size_t>(nRanks) * L.countRowInts);
+  L.recvX = window.reserve(cap * L.rowBytes);
+  L.recvScales = window.reserve(sizeof(float) * cap * (config.hidden / kep::kScaleBlock));
+  L.recvTopk = window.reserve(sizeof(int) * cap * config.topk);
+  L.recvWeights = window.reserve(sizeof(float) * cap * config.topk);
+  L.recvSource = window.reserve(sizeof(int) * cap * 2);
+  L.combineX = window.reserve(static_cast<size_t>(nRanks) * config.maxTokensPerRank * config.hidden * 2);
+  L.combineWeights = window.reserve(sizeof(float) * static_cast<size_t>(nRanks) * config.maxTokensPerRank * config.topk);
+  L.total = window.used();
   *layout = L;
   return unifabSuccess;
 }
 
 Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, unifabEpGroup** out) {
+  // Everything a rank can check alone comes before the first collective step: a rank that
+  // returned an error there would leave its peers waiting in NCCL.
+  if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
+  const unifab::collectives::NcclRuntime* nccl = nullptr;
+  UF_CHECK(unifab::collectives::ncclRuntime(&nccl));
+  int nRanks = 0, commDevice = -1, current = -1;
+  UF_NCCL_CHECK(nccl->commCount(comm, &nRanks), comm);
+  UF_NCCL_CHECK(nccl->commCuDevice(comm, &commDevice), comm);
+  UF_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != commDevice) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "the current CUDA device is %d but the communicator's is %d", current,
+                    commDevice);
+  }
+  kep::WindowLayout layout;
+  UF_CHECK(planLayout(config, nRanks, &layout));
+
   std::unique_ptr<unifabEpGroup> group(new unifabEpGroup());
   UF_CHECK(unifab::collectives::DeviceComm::acquire(comm, &group->comm_));
   const auto& dc = *group->comm_;
-  int current = -1;
-  UF_CUDA_CHECK(cudaGetDevice(&current));
-  if (current != dc.cudaDevice()) {
-    return UF_ERROR(unifabInvalidUsage, kExt, "the current CUDA device is %d but the communicator's is %d", current,
-                    dc.cudaDevice());
-  }
   if (dc.lsaSize() != dc.nRanks()) {
     return UF_ERROR(unifabInvalidUsage, kExt,
                     "high-throughput EP in this version needs every rank in one NVLink domain: %d of %d ranks are "
                     "LSA peers (the network path is not implemented yet)", dc.lsaSize(), dc.nRanks());
   }
-  kep::WindowLayout layout;
-  UF_CHECK(planLayout(config, dc.nRanks(), &layout));
   group->config_ = config;
   UF_CHECK(unifab::collectives::SymmetricWindow::create(group->comm_, layout.total, &group->window_));
 
@@ -229,24 +247,16 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   // Counters and the expert-major copy live in ordinary device memory: only this GPU touches them.
   const int expertCapacity = unifab::collectives::ep::expertRowCapacity(config, dc.nRanks());
   const size_t cap = static_cast<size_t>(expertCapacity);
-  unifab::collectives::ep::Carver sizing(nullptr);
-  sizing.take<kep::Epochs>(1);
-  sizing.take<int>(1);
-  sizing.take<char>(cap * layout.rowBytes);
-  sizing.take<float>(cap * (config.hidden / kep::kScaleBlock));
-  sizing.take<int>(cap * config.topk);
-  sizing.take<float>(cap * config.topk);
-  sizing.take<int>(cap * 2);
-  UF_CUDA_CHECK(cudaMalloc(&group->deviceMemory_, sizing.used()));
-  UF_CUDA_CHECK(cudaMemset(group->deviceMemory_, 0, sizing.used()));
-  unifab::collectives::ep::Carver carve(static_cast<char*>(group->deviceMemory_));
-  v.epochs = carve.take<kep::Epochs>(1);
-  v.error = carve.take<int>(1);
-  group->expertRows_.x = carve.take<char>(cap * layout.rowBytes);
-  group->expertRows_.scales = carve.take<float>(cap * (config.hidden / kep::kScaleBlock));
-  group->expertRows_.topk = carve.take<int>(cap * config.topk);
-  group->expertRows_.weights = carve.take<float>(cap * config.topk);
-  group->expertRows_.source = carve.take<int>(cap * 2);
+  kep::ExpertMajorRows& rows = group->expertRows_;
+  UF_CHECK(unifab::collectives::ep::allocateCarved(&group->deviceMemory_, [&](unifab::collectives::ep::Carver& carve) {
+    v.epochs = carve.take<kep::Epochs>(1);
+    v.error = carve.take<int>(1);
+    rows.x = carve.take<char>(cap * layout.rowBytes);
+    rows.scales = carve.take<float>(cap * (config.hidden / kep::kScaleBlock));
+    rows.topk = carve.take<int>(cap * config.topk);
+    rows.weights = carve.take<float>(cap * config.topk);
+    rows.source = carve.take<int>(cap * 2);
+  }));
   group->expertRows_.capacity = expertCapacity;
 
   UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&group->hostError_), sizeof(int), cudaHostAllocMapped));
@@ -280,9 +290,9 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
 }
 
 unifabEpGroup::~unifabEpGroup() {
+  std::unique_ptr<unifab::collectives::DeviceGuard> onDevice;
   if (comm_) {
-    int device = comm_->cudaDevice();
-    UF_CUDA_WARN(cudaSetDevice(device));
+    onDevice = std::make_unique<unifab::collectives::DeviceGuard>(comm_->cudaDevice());
     UF_CUDA_WARN(cudaDeviceSynchronize());  // outstanding kernels of the group still use its memory
   }
   if (deviceMemory_ != nullptr) UF_CUDA_WARN(cudaFree(deviceMemory_));
@@ -294,13 +304,14 @@ unifabEpGroup::~unifabEpGroup() {
 Result unifabEpGroup::asyncError() const {
   int code = *reinterpret_cast<volatile int*>(hostError_);
   if (code == kep::kErrorNone) return unifabSuccess;
-  return UF_ERROR(code == kep::kErrorTimeout ? unifabTimeout : unifabInvalidArgument, kExt,
+  return UF_ERROR((code & kep::kErrorTimeout) != 0 ? unifabTimeout : unifabInvalidArgument, kExt,
                   "an earlier EP call on rank %d failed on the GPU: %s", view_.rank, unifab::collectives::ep::errorName(code));
 }
 
-Result unifabEpGroup::checkStream(cudaStream_t stream) const {
+Result unifabEpGroup::checkStream(cudaStream_t stream, bool* capturing) const {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   UF_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  *capturing = capture != cudaStreamCaptureStatusNone;
   int device = comm_->cudaDevice();
   // Querying a capturing stream's device is not allowed; the current-device check below still is.
   if (capture == cudaStreamCaptureStatusNone) UF_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
@@ -319,7 +330,15 @@ Result unifabEpGroup::checkStream(cudaStream_t stream) const {
 
 int unifabEpGroup::smsFor(int requested) const { return requested > 0 ? requested : defaultSms_; }
 
-Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStream_t stream) const {
+Result unifabEpGroup::validateSms(int numSms) const {
+  const int cap = config_.maxSms > 0 ? std::min(config_.maxSms, deviceSms_) : deviceSms_;
+  if (numSms < 0 || numSms > cap) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "numSms=%d is outside 0..%d (0: the group's choice)", numSms, cap);
+  }
+  return unifabSuccess;
+}
+
+Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStream_t stream, bool* capturing) const {
   if (a.size < sizeof(unifabEpDispatchArgs_t)) {
     return UF_ERROR(unifabInvalidArgument, kExt,
                     "args->size=%zu, expected %zu: initialise it with UNIFAB_EP_DISPATCH_ARGS_INIT", a.size,
@@ -353,23 +372,15 @@ Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStre
     return UF_ERROR(unifabInvalidArgument, kExt, "expertAlignment=%d is outside 1..%d", a.expertAlignment,
                     unifab::collectives::ep::kMaxExpertAlignment);
   }
-  if (a.numSms < 0 || a.numSms > deviceSms_ || (config_.maxSms > 0 && a.numSms > config_.maxSms)) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "numSms=%d is outside 0..%d", a.numSms,
-                    config_.maxSms > 0 ? std::min(config_.maxSms, deviceSms_) : deviceSms_);
-  }
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone &&
-      (a.hostCounts != 0 || unifab::params().epValidateOnHost)) {
+  UF_CHECK(validateSms(a.numSms));
+  UF_CHECK(checkStream(stream, capturing));
+  if (*capturing && (a.hostCounts != 0 || unifab::params().epValidateOnHost)) {
     return UF_ERROR(unifabInvalidUsage, kExt,
                     "hostCounts=1 (or UNIFAB_EP_VALIDATE=1) waits for the GPU, which a capturing stream cannot do");
   }
-  if (a.hostCounts != 0 && view_.numLocalExperts > 1024) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "hostCounts with %d local experts: the result holds at most 1024",
-                    view_.numLocalExperts);
-  }
   if (a.cachedHandle != nullptr) {
     const unifabEpHandle* h = a.cachedHandle;
-    if (h->group != this || !h->routed) {
+    if (h->group != this || h->dispatchSequence == 0) {
       return UF_ERROR(unifabInvalidArgument, kExt, "cachedHandle does not come from a dispatch on this group");
     }
     if (h->numTokens != a.numTokens || h->layout != a.layout ||
@@ -380,7 +391,7 @@ Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStre
                       static_cast<int>(a.layout), a.expertAlignment);
     }
   }
-  return checkStream(stream);
+  return unifabSuccess;
 }
 
 Result unifabEpGroup::validateIdsOnHost(const unifabEpDispatchArgs_t& a, cudaStream_t stream) const {
@@ -403,7 +414,8 @@ Result unifabEpGroup::validateIdsOnHost(const unifabEpDispatchArgs_t& a, cudaStr
 Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t stream, unifabEpHandle** handleOut,
                                unifabEpDispatchResult_t* out) {
   UF_CHECK(asyncError());
-  UF_CHECK(validateDispatch(a, stream));
+  bool capturing = false;
+  UF_CHECK(validateDispatch(a, stream, &capturing));
   if (out->size < sizeof(unifabEpDispatchResult_t)) {
     return UF_ERROR(unifabInvalidArgument, kExt, "result->size=%zu, expected %zu", out->size, sizeof(unifabEpDispatchResult_t));
   }
@@ -416,7 +428,7 @@ Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t str
     created.reset(new unifabEpHandle());
     created->group = this;
     created->pool = pool_;
-    UF_CHECK(pool_->take(&created->buffers));
+    UF_CHECK(pool_->take(!capturing, &created->buffers));
     handle = created.get();
   }
   kep::Routing& r = handle->buffers->routing;
@@ -434,7 +446,7 @@ Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t str
 
   if (!cached) {
     UF_CUDA_CHECK(kep::launchLayout(view_, input, r, stream));
-    UF_CUDA_CHECK(kep::launchCountExchange(view_, r, r.expertAlignment, stream));
+    UF_CUDA_CHECK(kep::launchCountExchange(view_, r, stream));
   }
   UF_CUDA_CHECK(kep::launchDispatchPayload(view_, input, r, smsFor(a.numSms), stream));
   UF_CUDA_CHECK(kep::launchPhaseBarrier(view_, kep::Phase::kDispatch, stream));
@@ -462,9 +474,8 @@ Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t str
 
   handle->numTokens = a.numTokens;
   handle->layout = a.layout;
-  handle->dtype = a.dtype;
   handle->expertAlignment = r.expertAlignment;
-  handle->routed = true;
+  handle->dispatchSequence = ++dispatchCount_;
   if (a.hostCounts != 0) {
     UF_CUDA_CHECK(cudaMemcpyAsync(hostCounts_, out->numRecvRows, sizeof(int), cudaMemcpyDeviceToHost, stream));
     UF_CUDA_CHECK(cudaMemcpyAsync(hostCounts_ + 1, r.recvRowsPerExpert, sizeof(int) * view_.numLocalExperts,
@@ -481,8 +492,15 @@ Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t str
 
 Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_t& a, cudaStream_t stream) {
   UF_CHECK(asyncError());
-  if (handle == nullptr || handle->group != this || !handle->routed) {
+  if (handle == nullptr || handle->group != this || handle->dispatchSequence == 0) {
     return UF_ERROR(unifabInvalidArgument, kExt, "handle does not come from a dispatch on this group");
+  }
+  if (handle->dispatchSequence != dispatchCount_) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "handle is from dispatch #%llu but the group's buffers hold dispatch #%llu: combine must follow "
+                    "its own dispatch (re-dispatch with cachedHandle to reuse a routing)",
+                    static_cast<unsigned long long>(handle->dispatchSequence),
+                    static_cast<unsigned long long>(dispatchCount_));
   }
   if (a.size < sizeof(unifabEpCombineArgs_t)) {
     return UF_ERROR(unifabInvalidArgument, kExt,
@@ -497,10 +515,9 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
     return UF_ERROR(unifabInvalidArgument, kExt, "combinedX=%p must be a non-NULL device pointer aligned to 16 bytes",
                     a.combinedX);
   }
-  if (a.numSms < 0 || a.numSms > deviceSms_) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "numSms=%d is outside 0..%d", a.numSms, deviceSms_);
-  }
-  UF_CHECK(checkStream(stream));
+  UF_CHECK(validateSms(a.numSms));
+  bool capturing = false;
+  UF_CHECK(checkStream(stream, &capturing));
   kep::CombineInput input{};
   input.expertOutput = a.expertOutput;
   input.expertMajor = handle->layout == unifabEpExpertMajor;

@@ -33,7 +33,9 @@ class RoutingBuffers {
 class RoutingPool {
  public:
   explicit RoutingPool(const kernels::ep::GroupView& view) : view_(view) {}
-  Result take(std::unique_ptr<RoutingBuffers>* buffers);
+  // A free routing; when none is left, a new one if `mayAllocate`, else an error (a capturing
+  // stream cannot take cudaMalloc).
+  Result take(bool mayAllocate, std::unique_ptr<RoutingBuffers>* buffers);
   void give(std::unique_ptr<RoutingBuffers> buffers);
 
  private:
@@ -52,9 +54,8 @@ struct unifabEpHandle {
   std::unique_ptr<unifab::collectives::ep::RoutingBuffers> buffers;
   int numTokens = 0;
   unifabEpLayout_t layout = unifabEpRankMajor;
-  unifabEpDtype_t dtype = unifabEpBf16;
   int expertAlignment = 1;
-  bool routed = false;  // a dispatch filled the routing
+  uint64_t dispatchSequence = 0;  // the group's dispatch that last used this routing; 0: none yet
 };
 
 struct unifabEpGroup {
@@ -70,8 +71,10 @@ struct unifabEpGroup {
   static unifab::Result planLayout(const unifabEpConfig_t& config, int nRanks, unifab::kernels::ep::WindowLayout* layout);
 
  private:
-  unifab::Result validateDispatch(const unifabEpDispatchArgs_t& args, cudaStream_t stream) const;
-  unifab::Result checkStream(cudaStream_t stream) const;
+  unifab::Result validateDispatch(const unifabEpDispatchArgs_t& args, cudaStream_t stream, bool* capturing) const;
+  // The stream is on the group's device (as is the current device); reports whether it captures.
+  unifab::Result checkStream(cudaStream_t stream, bool* capturing) const;
+  unifab::Result validateSms(int numSms) const;
   unifab::Result validateIdsOnHost(const unifabEpDispatchArgs_t& args, cudaStream_t stream) const;
   int smsFor(int requested) const;
 
@@ -81,9 +84,12 @@ struct unifabEpGroup {
   unifabEpConfig_t config_{};
   unifab::kernels::ep::GroupView view_{};
   unifab::kernels::ep::ExpertMajorRows expertRows_{};
-  void* deviceMemory_ = nullptr;   // epochs and expert-major rows
-  int* hostError_ = nullptr;       // mapped; view_.error is its device alias
+  void* deviceMemory_ = nullptr;   // epochs, the error word and expert-major rows
+  int* hostError_ = nullptr;       // mapped mirror of the error word (view_.hostError), written on failure
   int* hostCounts_ = nullptr;      // pinned staging for hostCounts
   int defaultSms_ = 0;
   int deviceSms_ = 0;
+  // Dispatches issued on the group. The window and the expert-major rows hold the latest one
+  // only, so combine accepts only the handle of that dispatch.
+  uint64_t dispatchCount_ = 0;
 };

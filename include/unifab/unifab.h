@@ -64,8 +64,10 @@ typedef struct CUstream_st* cudaStream_t;
  * An EP group owns one symmetric window registered on the caller's communicator (all ranks must
  * share an NVLink domain for the high-throughput mode of this version). Dispatch sends every
  * token once to each rank that hosts one of its top-k experts; combine returns expert outputs to
- * the tokens' ranks and sums them. Every call runs on the caller's stream, launches no host
- * synchronisation unless host counts are requested, and can be captured in a CUDA graph.
+ * the tokens' ranks and sums them. Every call runs on the caller's stream and waits for nothing on
+ * the host, except with hostCounts=1 or UNIFAB_EP_VALIDATE=1; such calls cannot be captured in a
+ * CUDA graph, every other call can (as long as a prepared routing is free: four per group, one
+ * per live handle).
  * ============================================================================================ */
 
 typedef struct unifabEpGroup* unifabEpGroup_t;
@@ -157,14 +159,17 @@ UNIFAB_API unifabResult_t unifabEpDispatch(unifabEpGroup_t group, const unifabEp
 /* Returns expert outputs to their tokens' ranks and sums them in a fixed order: on each rank the
  * rows of a token are summed over its local experts in ascending top-k slot order (FP32,
  * optionally weighted), rounded once to BF16; the token's rank then sums those partials over
- * ranks in ascending rank order in FP32 and rounds once to BF16. */
+ * ranks in ascending rank order in FP32 and rounds once to BF16. The group's buffers hold the
+ * latest dispatch only, so `handle` must be that dispatch's (unifabInvalidUsage otherwise). */
 UNIFAB_API unifabResult_t unifabEpCombine(unifabEpGroup_t group, unifabEpHandle_t handle,
                                           const unifabEpCombineArgs_t* args, cudaStream_t stream);
 
 UNIFAB_API unifabResult_t unifabEpHandleDestroy(unifabEpHandle_t handle);
 
-/* A device-side failure (a peer that stopped answering within UNIFAB_EP_TIMEOUT_MS) of any earlier
- * call on the group, or unifabSuccess. Does not synchronise the stream. */
+/* A device-side failure of any earlier call on the group, or unifabSuccess: unifabTimeout when a
+ * peer stopped answering within UNIFAB_EP_TIMEOUT_MS (the group is then unusable), or
+ * unifabInvalidArgument when a top-k id was outside -1..numExperts-1 (it was treated as -1). The
+ * error stays; later calls on the group return it. Does not synchronise the stream. */
 UNIFAB_API unifabResult_t unifabEpGetAsyncError(unifabEpGroup_t group);
 
 #ifdef __cplusplus

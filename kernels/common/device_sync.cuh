@@ -23,10 +23,10 @@ __device__ __forceinline__ uint64_t loadAcquire(const uint64_t* address) {
   return value;
 }
 
-// Records the first error of the group in device memory and in its host-visible mirror; later
-// errors keep the first code.
+// Adds the error bit `code` to the group's word in device memory and, the first time, to its
+// host-visible mirror (so the host-mapped word is written once per kind, not per thread).
 __device__ __forceinline__ void raiseError(int* error, int* hostError, int code) {
-  if (atomicCAS(error, 0, code) == 0) atomicCAS_system(hostError, 0, code);
+  if ((atomicOr(error, code) & code) == 0) atomicOr_system(hostError, code);
 }
 
 // Waits until *address >= epoch. False on timeout (raising `timeoutCode`), or at once when an
@@ -35,7 +35,7 @@ __device__ __forceinline__ bool waitEpoch(const uint64_t* address, uint64_t epoc
                                           int* hostError, int timeoutCode) {
   uint64_t start = globalTimerNs();
   while (loadAcquire(address) < epoch) {
-    if (*reinterpret_cast<const volatile int*>(error) == timeoutCode) return false;
+    if ((*reinterpret_cast<const volatile int*>(error) & timeoutCode) != 0) return false;
     if (globalTimerNs() - start > timeoutNs) {
       raiseError(error, hostError, timeoutCode);
       return false;

@@ -69,12 +69,12 @@ struct GroupView {
   uint64_t timeoutNs;
 };
 
-// Error codes written to GroupView::error (first failure wins).
+// Error bits of GroupView::error. Bits, not a first-wins code: a bad expert id leaves the group
+// usable, and a timeout after it must still stop every later kernel.
 enum ErrorCode : int {
   kErrorNone = 0,
-  kErrorTimeout = 1,        // a peer did not signal within the timeout
-  kErrorBadExpertId = 2,    // a top-k id outside -1..numExperts-1
-  kErrorTooManyRows = 3,    // received rows exceed the receive capacity
+  kErrorTimeout = 1 << 0,      // a peer did not signal within the timeout
+  kErrorBadExpertId = 1 << 1,  // a top-k id outside -1..numExperts-1 (treated as -1)
 };
 
 // Routing of one dispatch, kept by its handle for combine and cached re-dispatch (device memory).
@@ -88,7 +88,6 @@ struct Routing {
   int* sendExpertCounts;     // [numExperts]: (token, k) selections per global expert
   int* sendOffset;           // [nRanks]: first row this rank writes at each destination
   int* recvRowsPerRank;      // [nRanks]
-  int* recvRankOffset;       // [nRanks + 1]
   int* recvRowsPerExpert;    // [numLocalExperts]
   int* expertOffsets;        // [numLocalExperts + 1] (aligned)
   int* numRecvRows;          // [1] rank-major rows

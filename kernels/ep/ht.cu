@@ -21,7 +21,7 @@ __device__ __forceinline__ char* at(const GroupView& g, int rank, size_t offset)
 
 // After a timeout the group's peers are out of step: every later kernel does nothing.
 __device__ __forceinline__ bool timedOut(const GroupView& g) {
-  return *reinterpret_cast<const volatile int*>(g.error) == kErrorTimeout;
+  return (*reinterpret_cast<const volatile int*>(g.error) & kErrorTimeout) != 0;
 }
 
 __device__ __forceinline__ Control* control(const GroupView& g, int rank) {
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kLayoutThreads) layoutKernel(GroupView g, Disp
 
 // ---- count exchange -------------------------------------------------------------------------
 
-__global__ void __launch_bounds__(256) countExchangeKernel(GroupView g, Routing r, int alignment) {
+__global__ void __launch_bounds__(256) countExchangeKernel(GroupView g, Routing r) {
   __shared__ uint64_t epoch;
   if (threadIdx.x == 0) epoch = g.epochs->counts + 1;
   __syncthreads();
@@ -165,10 +165,8 @@ __global__ void __launch_bounds__(256) countExchangeKernel(GroupView g, Routing 
     for (int s = 0; s < g.nRanks; ++s) {
       int rowsFromS = rows[static_cast<size_t>(s) * rowInts + g.rank];
       r.recvRowsPerRank[s] = rowsFromS;
-      r.recvRankOffset[s] = offset;
       offset += rowsFromS;
     }
-    r.recvRankOffset[g.nRanks] = offset;
     *r.numRecvRows = offset;
     int expertOffset = 0;
     for (int e = 0; e < g.numLocalExperts; ++e) {
@@ -176,7 +174,7 @@ __global__ void __launch_bounds__(256) countExchangeKernel(GroupView g, Routing 
       for (int s = 0; s < g.nRanks; ++s) count += rows[static_cast<size_t>(s) * rowInts + g.nRanks + g.rank * g.numLocalExperts + e];
       r.recvRowsPerExpert[e] = count;
       r.expertOffsets[e] = expertOffset;
-      expertOffset += (count + alignment - 1) / alignment * alignment;
+      expertOffset += (count + r.expertAlignment - 1) / r.expertAlignment * r.expertAlignment;
     }
     r.expertOffsets[g.numLocalExperts] = expertOffset;
     *r.numExpertRows = expertOffset;
@@ -416,9 +414,8 @@ cudaError_t launchLayout(const GroupView& group, const DispatchInput& input, con
   return cudaGetLastError();
 }
 
-cudaError_t launchCountExchange(const GroupView& group, const Routing& routing, int expertAlignment,
-                                cudaStream_t stream) {
-  countExchangeKernel<<<1, 256, 0, stream>>>(group, routing, expertAlignment);
+cudaError_t launchCountExchange(const GroupView& group, const Routing& routing, cudaStream_t stream) {
+  countExchangeKernel<<<1, 256, 0, stream>>>(group, routing);
   return cudaGetLastError();
 }
 

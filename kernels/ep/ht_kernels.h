@@ -46,9 +46,9 @@ struct CombineInput {
 // Destination ranks and per-destination slots of every token; per-rank and per-expert counts.
 cudaError_t launchLayout(const GroupView& group, const DispatchInput& input, const Routing& routing,
                          cudaStream_t stream);
-// Publishes this rank's counts to every rank and derives offsets and receive counts.
-cudaError_t launchCountExchange(const GroupView& group, const Routing& routing, int expertAlignment,
-                                cudaStream_t stream);
+// Publishes this rank's counts to every rank and derives offsets and receive counts (expert
+// regions aligned to routing.expertAlignment).
+cudaError_t launchCountExchange(const GroupView& group, const Routing& routing, cudaStream_t stream);
 // Writes every token once into each destination rank's receive rows.
 cudaError_t launchDispatchPayload(const GroupView& group, const DispatchInput& input, const Routing& routing,
                                   int numBlocks, cudaStream_t stream);

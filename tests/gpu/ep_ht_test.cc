@@ -327,7 +327,20 @@ bool runShape(NcclSession& session, Shape shape, int iterations, int replays) {
     args.topkIdx = b.input.topk;
     unifabEpHandle_t handle = nullptr;
     TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &handle, &probe));
+    // The buffers now hold the second dispatch: combine refuses the first one's handle, before
+    // launching anything, and the group stays usable.
+    unifabEpHandle_t newer = nullptr;
+    unifabEpDispatchResult_t again;
+    again.size = sizeof(again);
+    TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &newer, &again));
+    unifabEpCombineArgs_t stale = UNIFAB_EP_COMBINE_ARGS_INIT;
+    stale.expertOutput = b.input.x;
+    check(unifabEpCombine(group, handle, &stale, session.stream()) == unifabInvalidUsage,
+          "combine with the handle of an earlier dispatch is refused");
+    TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+    check(unifabEpGetAsyncError(group) == unifabSuccess, "a refused combine leaves the group usable");
     TEST_UNIFAB_CHECK(unifabEpHandleDestroy(handle));
+    TEST_UNIFAB_CHECK(unifabEpHandleDestroy(newer));
   }
   size_t expertRows = static_cast<size_t>(shape.nRanks) * shape.maxTokens * std::min(shape.topk, shape.localExperts()) +
                       static_cast<size_t>(shape.localExperts()) * 128;
