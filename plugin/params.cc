@@ -95,6 +95,10 @@ const std::vector<ParamEntry>& entries() {
         "Check expert ids on the host before every dispatch (synchronises the stream); otherwise the "
         "GPU checks them and reports a bad id through the group's error"},
        0, 1, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.epValidateOnHost = v != 0; }},
+      {{"UNIFAB_EP_TRACE", ParamType::kBool, "0", "0 or 1",
+        "Record when each phase of every EP call ends on the GPU (global timer) and log the averages "
+        "when the group is destroyed (NCCL_DEBUG=INFO)"},
+       0, 1, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.epTrace = v != 0; }},
   };
   return table;
 }

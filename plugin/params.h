@@ -35,6 +35,7 @@ struct Params {
   // collectives/
   int64_t epTimeoutMs;           // UNIFAB_EP_TIMEOUT_MS
   bool epValidateOnHost;         // UNIFAB_EP_VALIDATE
+  bool epTrace;                  // UNIFAB_EP_TRACE
 };
 
 enum class ParamType { kInt, kSize, kBool, kString, kChoice, kFloat };

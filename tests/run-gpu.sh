@@ -2,7 +2,7 @@
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
 # and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
-#   tests/run-gpu.sh [tests] [bench] [ep] [sweep]   default: tests bench ep
+#   tests/run-gpu.sh [tests] [bench] [ep] [epsweep] [sanitize] [sweep]   default: tests bench ep
 # The machines are shared virtual machines whose loopback TCP speed changes from minute to
 # minute, so every comparison runs its contenders interleaved, several times, and reports the
 # median over the repetitions.
@@ -114,6 +114,26 @@ for step in $steps; do
     done
     "$bench" ep --mode ht --dtype bf16 --sms 24 --iters 30 --warmup 5 --csv "$logs/ep-ht-bf16-24sms.csv" >"$logs/ep-ht-bf16-24sms.txt" 2>&1 || failed=1
     tee -a "$summary" <"$logs/ep-ht-bf16-24sms.txt"
+    ;;
+  epsweep)
+    say "== unifab-bench ep --mode ht, SM sweep (dispatch, cached dispatch, combine)"
+    for dtype in bf16 fp8; do
+      for sms in 8 12 16 20 24 32; do
+        "$bench" ep --mode ht --dtype $dtype --sms $sms --ops dispatch,cached,combine --iters 30 --warmup 5 \
+          --csv "$logs/ep-sweep-$dtype-$sms.csv" >"$logs/ep-sweep-$dtype-$sms.txt" 2>&1 || failed=1
+        grep -E "^  (dispatch|combine)" "$logs/ep-sweep-$dtype-$sms.txt" | sed "s/^/$dtype $sms SMs: /" | tee -a "$summary"
+      done
+    done
+    ;;
+  sanitize)
+    # Small shape, long timeout: the sanitizer slows kernels, and the two ranks wait on each other.
+    for tool in memcheck racecheck; do
+      say "== compute-sanitizer --tool $tool, EP high-throughput test, 2 ranks, --quick"
+      UNIFAB_EP_TIMEOUT_MS=600000 compute-sanitizer --tool $tool --target-processes all --report-api-errors no --error-exitcode 9 \
+        "$build/tests/unifab-launch" -n 2 -t 900 -- "$build/tests/gpu/unifab_gpu_ep_ht" --quick --iterations 3 --replays 1 \
+        >"$logs/sanitize-$tool.txt" 2>&1 || failed=1
+      grep -E "ERROR SUMMARY|passed, [0-9]+ failed|Error|error" "$logs/sanitize-$tool.txt" | sort | uniq -c | head -20 | tee -a "$summary"
+    done
     ;;
   sweep)
     say "== socket transport settings, all_reduce over unifab"

@@ -6,7 +6,10 @@
 namespace unifab::tuner {
 namespace {
 
-constexpr double kPeerStoreGBpsPerSm = 50.0;
+// What one SM of the EP kernels delivers into a peer, measured on 2 x H200 (a plain copy reaches
+// ~45 GB/s; combine's senders, which release a flag per row, ~37). Sizing by the lower rate gives
+// 24 SMs for two ranks, where the sweep in docs/benchmarks/ep-ht.md has both operations at their best.
+constexpr double kPeerStoreGBpsPerSm = 37.0;
 constexpr double kLocalStoreGBpsPerSm = 63.0;
 constexpr double kLinkEfficiency = 0.78;
 constexpr double kMargin = 1.25;  // SMs also wait on loads and signals

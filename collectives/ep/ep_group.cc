@@ -199,6 +199,7 @@ Result unifabEpGroup::planLayout(const unifabEpConfig_t& config, int nRanks, kep
   L.recvSource = window.reserve(sizeof(int) * cap * 2);
   L.combineX = window.reserve(static_cast<size_t>(nRanks) * config.maxTokensPerRank * config.hidden * 2);
   L.combineWeights = window.reserve(sizeof(float) * static_cast<size_t>(nRanks) * config.maxTokensPerRank * config.topk);
+  L.combineFlags = window.reserve(sizeof(uint64_t) * static_cast<size_t>(nRanks) * config.maxTokensPerRank);
   L.total = window.used();
   *layout = L;
   return unifabSuccess;
@@ -244,13 +245,20 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   for (int r = 0; r < dc.nRanks(); ++r) v.peerBase[r] = group->window_->peerBases()[r];
   v.timeoutNs = static_cast<uint64_t>(unifab::params().epTimeoutMs) * 1000000ULL;
 
+  UF_CUDA_CHECK(cudaDeviceGetAttribute(&group->deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
+  v.maxBlocks = group->deviceSms_;  // validateSms keeps every call's block count at or below it
+
   // Counters and the expert-major copy live in ordinary device memory: only this GPU touches them.
   const int expertCapacity = unifab::collectives::ep::expertRowCapacity(config, dc.nRanks());
   const size_t cap = static_cast<size_t>(expertCapacity);
   kep::ExpertMajorRows& rows = group->expertRows_;
   UF_CHECK(unifab::collectives::ep::allocateCarved(&group->deviceMemory_, [&](unifab::collectives::ep::Carver& carve) {
     v.epochs = carve.take<kep::Epochs>(1);
+    v.sync = carve.take<kep::GridSync>(1);
+    v.blockCounts = carve.take<int>(static_cast<size_t>(v.maxBlocks) * layout.countRowInts);
+    v.blockBase = carve.take<int>(static_cast<size_t>(v.maxBlocks) * v.nRanks);
     v.error = carve.take<int>(1);
+    v.trace = unifab::params().epTrace ? carve.take<unsigned long long>(2 * kep::kTracePoints) : nullptr;
     rows.x = carve.take<char>(cap * layout.rowBytes);
     rows.scales = carve.take<float>(cap * (config.hidden / kep::kScaleBlock));
     rows.topk = carve.take<int>(cap * config.topk);
@@ -265,7 +273,6 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&group->hostCounts_), sizeof(int) * (kep::kMaxExperts + 1),
                               cudaHostAllocDefault));
 
-  UF_CUDA_CHECK(cudaDeviceGetAttribute(&group->deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
   unifab::tuner::EpSmQuery query;
   query.nRanks = dc.nRanks();
   query.deviceSms = group->deviceSms_;
@@ -295,10 +302,29 @@ unifabEpGroup::~unifabEpGroup() {
     onDevice = std::make_unique<unifab::collectives::DeviceGuard>(comm_->cudaDevice());
     UF_CUDA_WARN(cudaDeviceSynchronize());  // outstanding kernels of the group still use its memory
   }
+  if (view_.trace != nullptr) logTrace();
   if (deviceMemory_ != nullptr) UF_CUDA_WARN(cudaFree(deviceMemory_));
   if (hostError_ != nullptr) UF_CUDA_WARN(cudaFreeHost(hostError_));
   if (hostCounts_ != nullptr) UF_CUDA_WARN(cudaFreeHost(hostCounts_));
   window_.reset();  // collective deregistration
+}
+
+void unifabEpGroup::logTrace() const {
+  unsigned long long trace[2 * kep::kTracePoints];
+  if (cudaMemcpy(trace, view_.trace, sizeof(trace), cudaMemcpyDeviceToHost) != cudaSuccess) {
+    UF_WARN(kExt, "EP trace: could not read the trace buffer: %s", cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
+  static const char* const names[kep::kTracePoints] = {
+      "dispatch: block 0 layout", "dispatch: all counts in", "dispatch: counts exchanged", "dispatch: remote rows written",
+      "dispatch: local rows written", "dispatch: done handshake", "combine: start handshake", "combine: partials sent",
+      "combine: tokens reduced", "combine: last block done"};
+  for (int p = 0; p < kep::kTracePoints; ++p) {
+    const unsigned long long count = trace[kep::kTracePoints + p];
+    if (count == 0) continue;
+    UF_INFO(kExt, kLogInit, "EP trace rank %d: %-30s %9.1f us after the call's start (mean of %llu)", view_.rank,
+            names[p], static_cast<double>(trace[p]) / count / 1e3, count);
+  }
 }
 
 Result unifabEpGroup::asyncError() const {
@@ -444,12 +470,7 @@ Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t str
   input.topkIdxIs32 = a.topkIdxType == unifabEpIndexInt32;
   input.topkWeights = a.topkWeights;
 
-  if (!cached) {
-    UF_CUDA_CHECK(kep::launchLayout(view_, input, r, stream));
-    UF_CUDA_CHECK(kep::launchCountExchange(view_, r, stream));
-  }
-  UF_CUDA_CHECK(kep::launchDispatchPayload(view_, input, r, smsFor(a.numSms), stream));
-  UF_CUDA_CHECK(kep::launchPhaseBarrier(view_, kep::Phase::kDispatch, stream));
+  UF_CUDA_CHECK(kep::launchDispatch(view_, input, r, cached, smsFor(a.numSms), stream));
   const bool expertMajor = a.layout == unifabEpExpertMajor;
   if (expertMajor) {
     UF_CUDA_CHECK(cudaMemsetAsync(r.expertSlot, 0xff, sizeof(int) * view_.layout.recvCapacity * view_.topk, stream));
@@ -525,9 +546,6 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
   input.combinedX = a.combinedX;
   input.combinedWeights = a.combinedWeights;
   const kep::Routing& r = handle->buffers->routing;
-  int blocks = smsFor(a.numSms);
-  UF_CUDA_CHECK(kep::launchCombineSend(view_, r, input, expertRows_, blocks, stream));
-  UF_CUDA_CHECK(kep::launchPhaseBarrier(view_, kep::Phase::kCombine, stream));
-  UF_CUDA_CHECK(kep::launchCombineReduce(view_, r, input, blocks, stream));
+  UF_CUDA_CHECK(kep::launchCombine(view_, r, input, smsFor(a.numSms), stream));
   return unifabSuccess;
 }

@@ -77,6 +77,7 @@ struct unifabEpGroup {
   unifab::Result validateSms(int numSms) const;
   unifab::Result validateIdsOnHost(const unifabEpDispatchArgs_t& args, cudaStream_t stream) const;
   int smsFor(int requested) const;
+  void logTrace() const;  // UNIFAB_EP_TRACE: mean phase ends over the group's calls
 
   std::shared_ptr<unifab::collectives::DeviceComm> comm_;
   std::unique_ptr<unifab::collectives::SymmetricWindow> window_;

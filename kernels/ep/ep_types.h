@@ -22,8 +22,9 @@ constexpr int kScaleBlock = 128;     // FP8 values per float scale
 // Per-rank control words in the window. Every word is written by one peer and read by its owner;
 // values are epochs (call counts), so they only grow and never need resetting.
 struct Control {
-  uint64_t countsReady[kMaxRanks];     // source s wrote its count row for exchange #epoch
+  uint64_t dispatchStart[kMaxRanks];   // source s entered dispatch #epoch (its count row is written)
   uint64_t dispatchDone[kMaxRanks];    // source s finished writing dispatch #epoch into us
+  uint64_t combineStart[kMaxRanks];    // source s entered combine #epoch (our partial buffers are free)
   uint64_t combineDone[kMaxRanks];     // source s finished writing combine #epoch into us
 };
 
@@ -38,6 +39,7 @@ struct WindowLayout {
   size_t recvSource;     // int [recvCapacity][2]: (source rank, source token)
   size_t combineX;       // bf16 [nRanks][maxTokens][hidden]: partial sums from each rank
   size_t combineWeights; // float [nRanks][maxTokens][topk]
+  size_t combineFlags;   // uint64 [nRanks][maxTokens]: combine epoch whose partial from rank s for token t landed
   size_t total;
   int recvCapacity;      // nRanks * maxTokensPerRank
   int countRowInts;      // nRanks + numExperts
@@ -47,9 +49,34 @@ struct WindowLayout {
 // Call counters of this rank (device memory). All ranks run the same sequence of calls, so the
 // n-th exchange, dispatch and combine carry the same epoch everywhere.
 struct Epochs {
-  uint64_t counts;
   uint64_t dispatch;
   uint64_t combine;
+};
+
+// Hand-over between the blocks of one kernel (device memory, this GPU only). The counters return
+// to zero within each call; the go words take the call's epoch, so they never need resetting.
+struct GridSync {
+  unsigned arrived;        // blocks that published their layout counts
+  unsigned finished;       // blocks done with their share of the payload
+  uint64_t dispatchGo;     // block 0 finished the count exchange of dispatch #value
+  uint64_t combineGo;      // block 0 finished the start handshake of combine #value
+  uint64_t traceStart;     // global timer when block 0 started the current call (tracing only)
+};
+
+// Phase ends recorded when tracing (GroupView::trace): sums over calls of nanoseconds since the
+// call's start (block 0's kernel entry), and the number of recordings of each point.
+enum TracePoint : int {
+  kTraceDispatchLayout = 0,   // block 0: its layout done
+  kTraceDispatchArrived,      // block 0: every block's counts in
+  kTraceDispatchExchanged,    // block 0: counts exchanged with every rank (start handshake)
+  kTraceDispatchRemoteDone,   // each remote block: its rows written
+  kTraceDispatchLocalDone,    // each local block: its rows written
+  kTraceDispatchEnd,          // last block: done handshake complete
+  kTraceCombineStarted,       // block 0: start handshake complete
+  kTraceCombineSent,          // each remote block: its partials sent
+  kTraceCombineReduced,       // each reducing block: its tokens reduced
+  kTraceCombineEnd,           // last block to finish
+  kTracePoints
 };
 
 // Everything a kernel needs to address the group's memory.
@@ -64,6 +91,11 @@ struct GroupView {
   WindowLayout layout;
   char* peerBase[kMaxRanks];  // window base of every rank as this GPU addresses it (own included)
   Epochs* epochs;
+  GridSync* sync;
+  int* blockCounts;           // [maxBlocks][nRanks + numExperts]: what each block's token range sends
+  int* blockBase;             // [maxBlocks][nRanks]: first slot of each block's tokens per destination
+  int maxBlocks;              // the most blocks a kernel of the group runs (the GPU's SM count)
+  unsigned long long* trace;  // [2][kTracePoints] (sums, counts) or null: UNIFAB_EP_TRACE
   int* error;                 // device memory: read by every kernel, so it must not cross PCIe
   int* hostError;             // host-mapped mirror, written only when an error is raised
   uint64_t timeoutNs;

@@ -12,7 +12,6 @@
 namespace unifab::kernels::ep {
 namespace {
 
-constexpr int kLayoutThreads = 1024;
 constexpr int kCopyThreads = 1024;
 constexpr int kWarp = 32;
 constexpr int kUnroll = 8;  // 16-byte vectors in flight per lane: 128 KB per 1024-thread block
@@ -24,9 +23,6 @@ __device__ __forceinline__ bool timedOut(const GroupView& g) {
   return (*reinterpret_cast<const volatile int*>(g.error) & kErrorTimeout) != 0;
 }
 
-__device__ __forceinline__ Control* control(const GroupView& g, int rank) {
-  return reinterpret_cast<Control*>(at(g, rank, g.layout.control));
-}
 
 // Exclusive prefix sum of `value` over the block; `total` receives the block's sum.
 template <int kThreads>
@@ -56,19 +52,6 @@ __device__ int blockExclusiveScan(int value, int* total) {
   return warpPrefix + inclusive - value;
 }
 
-// Kernels that hand out whole rows stride over all warps of the grid.
-struct GridWarp {
-  int lane;   // lane within the warp
-  int warp;   // this warp's index in the grid
-  int count;  // warps in the grid
-};
-
-__device__ __forceinline__ GridWarp gridWarp() {
-  const int perBlock = blockDim.x / kWarp;
-  return {static_cast<int>(threadIdx.x % kWarp), static_cast<int>(blockIdx.x * perBlock + threadIdx.x / kWarp),
-          static_cast<int>(gridDim.x * perBlock)};
-}
-
 __device__ __forceinline__ int64_t loadExpert(const void* topkIdx, bool is32, size_t index) {
   return is32 ? static_cast<int64_t>(static_cast<const int32_t*>(topkIdx)[index])
               : static_cast<const int64_t*>(topkIdx)[index];
@@ -90,169 +73,363 @@ __device__ __forceinline__ void warpCopy(char* dst, const char* src, int bytes, 
   for (; i < vectors; i += kWarp) out[i] = __ldg(in + i);
 }
 
-// ---- layout ---------------------------------------------------------------------------------
+// ---- grid hand-over and peer handshakes ---------------------------------------------------
 
-__global__ void __launch_bounds__(kLayoutThreads) layoutKernel(GroupView g, DispatchInput input, Routing r) {
+// Blocks of one kernel are all resident (grid <= SM count, one block per SM), so they can wait
+// for each other. Every wait is bounded and gives up once any wait of the group has timed out.
+__device__ __forceinline__ bool waitGo(const GroupView& g, const uint64_t* word, uint64_t epoch) {
+  const uint64_t start = globalTimerNs();
+  while (*reinterpret_cast<const volatile uint64_t*>(word) < epoch) {
+    if (timedOut(g)) return false;
+    if (globalTimerNs() - start > g.timeoutNs) {
+      raiseError(g.error, g.hostError, kErrorTimeout);
+      return false;
+    }
+  }
+  __threadfence();  // what the setter wrote before the word is read after it
+  return true;
+}
+
+__device__ __forceinline__ bool waitCount(const GroupView& g, const unsigned* word, unsigned count) {
+  const uint64_t start = globalTimerNs();
+  while (*reinterpret_cast<const volatile unsigned*>(word) < count) {
+    if (timedOut(g)) return false;
+    if (globalTimerNs() - start > g.timeoutNs) {
+      raiseError(g.error, g.hostError, kErrorTimeout);
+      return false;
+    }
+  }
+  __threadfence();
+  return true;
+}
+
+// Thread d < nRanks of the calling block: tells rank d that this rank reached `flags` #epoch and
+// waits until rank d has told us the same. The fence makes every write this thread has observed
+// (its block's, after a __syncthreads, and other blocks' behind an acquired counter) visible to
+// the peer before the flag.
+__device__ __forceinline__ void peerHandshake(const GroupView& g, size_t flagsOffset, uint64_t epoch) {
+  const int d = threadIdx.x;
+  if (d >= g.nRanks) return;
+  __threadfence_system();
+  storeRelease(reinterpret_cast<uint64_t*>(at(g, d, g.layout.control + flagsOffset)) + g.rank, epoch);
+  const uint64_t* mine = reinterpret_cast<const uint64_t*>(at(g, g.rank, g.layout.control + flagsOffset)) + d;
+  waitEpoch(mine, epoch, g.timeoutNs, g.error, g.hostError, kErrorTimeout);
+}
+
+// Every block calls this when its share is written. The last block to arrive gets true, with
+// all other blocks' writes ordered before what it does next.
+__device__ __forceinline__ bool lastBlockToFinish(const GroupView& g) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    last = atomicAdd(&g.sync->finished, 1u) == gridDim.x - 1;
+    if (last) {
+      __threadfence();
+      g.sync->finished = 0;  // every block has arrived: the counter is free for the next call
+    }
+  }
+  __syncthreads();
+  return last;
+}
+
+// ---- tracing (UNIFAB_EP_TRACE) ---------------------------------------------------------------
+
+__device__ __forceinline__ void traceStart(const GroupView& g) {
+  if (g.trace != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    *reinterpret_cast<volatile uint64_t*>(&g.sync->traceStart) = globalTimerNs();
+  }
+}
+
+// Thread 0 of the calling block records `point` (a block that never waited on block 0 may read
+// the previous call's start: tracing is a diagnostic, not a measurement of record).
+__device__ __forceinline__ void tracePoint(const GroupView& g, TracePoint point) {
+  if (g.trace == nullptr || threadIdx.x != 0) return;
+  const uint64_t start = *reinterpret_cast<const volatile uint64_t*>(&g.sync->traceStart);
+  atomicAdd(g.trace + point, static_cast<unsigned long long>(globalTimerNs() - start));
+  atomicAdd(g.trace + kTracePoints + point, 1ULL);
+}
+
+// Which part of the payload a block writes: rows for other ranks cross NVLink, rows for this rank
+// stay in HBM. Separate blocks keep the link busy without waiting behind local stores (measured on
+// 2 x H200 with 24 SMs: 180 us for a dispatch's bytes split 8 + 16, 200 us interleaved).
+struct Role {
+  bool remote, local;
+  int index, count;  // this block among the blocks of its role
+};
+
+// Measured per-SM copy rates on H200 (GB/s): into a peer over NVLink, and within HBM; and the SMs
+// that already saturate one GPU's NVLink (8 SMs push ~330 GB/s, as fast as 16 or 24).
+constexpr int kRemoteGBpsPerSm = 45;
+constexpr int kLocalGBpsPerSm = 39;
+constexpr int kSmsToSaturateNvlink = 8;
+// Combine's senders release a flag after every row, which stalls each warp for a round trip: they
+// need more SMs for the same rate (11 of 24 measured best on 2 x H200; 8 left NVLink at ~290 GB/s).
+constexpr int kCombineSenderSms = 12;
+
+// Remote blocks get the share that makes both parts finish together ((n-1)/n of the bytes are
+// remote), capped at `maxRemote`; at least one block each.
+__device__ __forceinline__ Role blockRole(int nRanks, int maxRemote) {
+  const int blocks = gridDim.x, b = blockIdx.x;
+  if (nRanks == 1) return {false, true, b, blocks};
+  if (blocks == 1) return {true, true, 0, 1};
+  const float remoteTime = static_cast<float>(nRanks - 1) / kRemoteGBpsPerSm;
+  const float localTime = 1.0f / kLocalGBpsPerSm;
+  int remoteBlocks = __float2int_rn(blocks * remoteTime / (remoteTime + localTime));
+  remoteBlocks = min(remoteBlocks, maxRemote);
+  remoteBlocks = max(1, min(remoteBlocks, blocks - 1));
+  if (b < remoteBlocks) return {true, false, b, remoteBlocks};
+  return {false, true, b - remoteBlocks, blocks - remoteBlocks};
+}
+
+// ---- dispatch -------------------------------------------------------------------------------
+
+// Token range of layout block b: contiguous, so that a block's slots are one prefix.
+__device__ __forceinline__ int tokensPerBlock(int numTokens) {
+  const int per = (numTokens + gridDim.x - 1) / gridDim.x;
+  return per > 0 ? per : 1;
+}
+
+// Top-k entries staged in shared memory per pass of the layout: the entries are loaded and
+// checked by consecutive threads (coalesced), then each token's thread reads its own from here.
+constexpr int kLayoutEntries = 8192;
+
+// Layout of this block's token range: destination ranks of every token, its slot among the
+// block's tokens for each destination, validated ids and weights kept for combine and cached
+// re-dispatch, and the block's per-rank and per-expert counts for block 0 to sum.
+__device__ void layoutBlock(const GroupView& g, const DispatchInput& input, const Routing& r) {
   __shared__ int destCount[kMaxRanks];
   __shared__ int expertCount[kMaxExperts];
-  for (int i = threadIdx.x; i < kMaxRanks; i += blockDim.x) destCount[i] = 0;
+  __shared__ int ids[kLayoutEntries];
+  for (int i = threadIdx.x; i < g.nRanks; i += blockDim.x) destCount[i] = 0;
   for (int i = threadIdx.x; i < g.numExperts; i += blockDim.x) expertCount[i] = 0;
-  __syncthreads();
-  for (int base = 0; base < input.numTokens; base += kLayoutThreads) {
-    int t = base + static_cast<int>(threadIdx.x);
+  const int per = tokensPerBlock(input.numTokens);
+  const int first = blockIdx.x * per;
+  const int last = min(input.numTokens, first + per);
+  const int passTokens = min(kCopyThreads, kLayoutEntries / g.topk);
+  for (int base = first; base < last; base += passTokens) {
+    const int tokens = min(passTokens, last - base);
+    const size_t firstEntry = static_cast<size_t>(base) * g.topk;
+    __syncthreads();  // ids[] of the previous pass is consumed
+    for (int i = threadIdx.x; i < tokens * g.topk; i += blockDim.x) {
+      int64_t id = loadExpert(input.topkIdx, input.topkIdxIs32, firstEntry + i);
+      if (id < -1 || id >= g.numExperts) {
+        raiseError(g.error, g.hostError, kErrorBadExpertId);  // treated as masked so the exchange still completes
+        id = -1;
+      }
+      ids[i] = static_cast<int>(id);
+      r.topkIds[firstEntry + i] = static_cast<int>(id);
+      r.topkWeights[firstEntry + i] = input.topkWeights != nullptr ? input.topkWeights[firstEntry + i] : 1.0f;
+    }
+    __syncthreads();
+    const int local = static_cast<int>(threadIdx.x);
+    const int t = base + local;
     uint64_t mask = 0;
-    if (t < input.numTokens) {
+    if (local < tokens) {
+      const int* mine = ids + local * g.topk;
       for (int k = 0; k < g.topk; ++k) {
-        const size_t at = static_cast<size_t>(t) * g.topk + k;
-        int64_t id = loadExpert(input.topkIdx, input.topkIdxIs32, at);
-        if (id < -1 || id >= g.numExperts) {
-          raiseError(g.error, g.hostError, kErrorBadExpertId);  // treated as masked so the exchange still completes
-          id = -1;
-        }
-        r.topkIds[at] = static_cast<int>(id);
-        r.topkWeights[at] = input.topkWeights != nullptr ? input.topkWeights[at] : 1.0f;
+        const int id = mine[k];
         if (id < 0) continue;
         mask |= 1ULL << (id / g.numLocalExperts);
         // An expert named twice by one token receives it once.
         bool repeated = false;
-        for (int q = 0; q < k && !repeated; ++q) repeated = r.topkIds[static_cast<size_t>(t) * g.topk + q] == id;
+        for (int q = 0; q < k && !repeated; ++q) repeated = mine[q] == id;
         if (!repeated) atomicAdd(&expertCount[id], 1);
       }
       r.tokenRanks[t] = mask;
     }
     for (int d = 0; d < g.nRanks; ++d) {
-      int bit = static_cast<int>((mask >> d) & 1ULL);
+      const int bit = static_cast<int>((mask >> d) & 1ULL);
       int total = 0;
-      int prefix = blockExclusiveScan<kLayoutThreads>(bit, &total);
-      if (t < input.numTokens) r.tokenSlot[static_cast<size_t>(t) * g.nRanks + d] = bit ? destCount[d] + prefix : -1;
+      const int prefix = blockExclusiveScan<kCopyThreads>(bit, &total);
+      if (local < tokens) r.tokenSlot[static_cast<size_t>(t) * g.nRanks + d] = bit ? destCount[d] + prefix : -1;
       __syncthreads();
       if (threadIdx.x == 0) destCount[d] += total;
       __syncthreads();
     }
   }
-  for (int d = threadIdx.x; d < g.nRanks; d += blockDim.x) r.sendCounts[d] = destCount[d];
-  for (int e = threadIdx.x; e < g.numExperts; e += blockDim.x) r.sendExpertCounts[e] = expertCount[e];
+  __syncthreads();
+  int* counts = g.blockCounts + static_cast<size_t>(blockIdx.x) * (g.nRanks + g.numExperts);
+  for (int d = threadIdx.x; d < g.nRanks; d += blockDim.x) counts[d] = destCount[d];
+  for (int e = threadIdx.x; e < g.numExperts; e += blockDim.x) counts[g.nRanks + e] = expertCount[e];
 }
 
-// ---- count exchange -------------------------------------------------------------------------
-
-__global__ void __launch_bounds__(256) countExchangeKernel(GroupView g, Routing r) {
-  __shared__ uint64_t epoch;
-  if (threadIdx.x == 0) epoch = g.epochs->counts + 1;
-  __syncthreads();
-  if (timedOut(g)) return;
+// Block 0, once every block's counts are in: this rank's totals, the first slot of every block,
+// the count rows to every rank and back, and what this rank receives.
+__device__ void exchangeCounts(const GroupView& g, const Routing& r, uint64_t epoch) {
   const int rowInts = g.layout.countRowInts;
-  // This rank's row: tokens for every destination, then selections of every global expert.
-  for (int p = 0; p < g.nRanks; ++p) {
-    int* row = reinterpret_cast<int*>(at(g, p, g.layout.countRows)) + static_cast<size_t>(g.rank) * rowInts;
-    for (int i = threadIdx.x; i < rowInts; i += blockDim.x) {
-      row[i] = i < g.nRanks ? r.sendCounts[i] : r.sendExpertCounts[i - g.nRanks];
+  const int blocks = gridDim.x;
+  for (int i = threadIdx.x; i < rowInts; i += blockDim.x) {
+    int sum = 0;
+    if (i < g.nRanks) {
+      for (int b = 0; b < blocks; ++b) {
+        g.blockBase[static_cast<size_t>(b) * g.nRanks + i] = sum;
+        sum += __ldcg(g.blockCounts + static_cast<size_t>(b) * rowInts + i);
+      }
+    } else {
+      // No store between the loads: they can all be in flight at once.
+      for (int b = 0; b < blocks; ++b) sum += __ldcg(g.blockCounts + static_cast<size_t>(b) * rowInts + i);
+    }
+    if (i < g.nRanks) r.sendCounts[i] = sum;
+    else r.sendExpertCounts[i - g.nRanks] = sum;
+    for (int p = 0; p < g.nRanks; ++p) {
+      reinterpret_cast<int*>(at(g, p, g.layout.countRows))[static_cast<size_t>(g.rank) * rowInts + i] = sum;
     }
   }
   __syncthreads();
-  if (threadIdx.x < static_cast<unsigned>(g.nRanks)) {
-    __threadfence_system();
-    storeRelease(&control(g, threadIdx.x)->countsReady[g.rank], epoch);
-  }
-  if (threadIdx.x < static_cast<unsigned>(g.nRanks)) {
-    waitEpoch(&control(g, g.rank)->countsReady[threadIdx.x], epoch, g.timeoutNs, g.error, g.hostError, kErrorTimeout);
-  }
+  peerHandshake(g, offsetof(Control, dispatchStart), epoch);
   __syncthreads();
   if (timedOut(g)) return;
   const int* rows = reinterpret_cast<const int*>(at(g, g.rank, g.layout.countRows));
   if (threadIdx.x == 0) {
     int offset = 0;
     for (int s = 0; s < g.nRanks; ++s) {
-      int rowsFromS = rows[static_cast<size_t>(s) * rowInts + g.rank];
+      const int rowsFromS = __ldcv(rows + static_cast<size_t>(s) * rowInts + g.rank);
       r.recvRowsPerRank[s] = rowsFromS;
       offset += rowsFromS;
     }
     *r.numRecvRows = offset;
-    int expertOffset = 0;
-    for (int e = 0; e < g.numLocalExperts; ++e) {
-      int count = 0;
-      for (int s = 0; s < g.nRanks; ++s) count += rows[static_cast<size_t>(s) * rowInts + g.nRanks + g.rank * g.numLocalExperts + e];
-      r.recvRowsPerExpert[e] = count;
-      r.expertOffsets[e] = expertOffset;
-      expertOffset += (count + r.expertAlignment - 1) / r.expertAlignment * r.expertAlignment;
+  }
+  // Expert regions: a thread per local expert (at most kMaxExperts = the block size), its count
+  // over source ranks, then the aligned regions' offsets by a block scan.
+  static_assert(kMaxExperts <= kCopyThreads, "one thread per local expert");
+  const int e = threadIdx.x;
+  int aligned = 0;
+  if (e < g.numLocalExperts) {
+    int count = 0;
+    for (int s = 0; s < g.nRanks; ++s) {
+      count += __ldcv(rows + static_cast<size_t>(s) * rowInts + g.nRanks + g.rank * g.numLocalExperts + e);
     }
-    r.expertOffsets[g.numLocalExperts] = expertOffset;
-    *r.numExpertRows = expertOffset;
-    g.epochs->counts = epoch;
+    r.recvRowsPerExpert[e] = count;
+    aligned = (count + r.expertAlignment - 1) / r.expertAlignment * r.expertAlignment;
+  }
+  int expertRows = 0;
+  const int expertOffset = blockExclusiveScan<kCopyThreads>(aligned, &expertRows);
+  if (e < g.numLocalExperts) r.expertOffsets[e] = expertOffset;
+  if (e == 0) {
+    r.expertOffsets[g.numLocalExperts] = expertRows;
+    *r.numExpertRows = expertRows;
   }
   for (int d = threadIdx.x; d < g.nRanks; d += blockDim.x) {
     int before = 0;
-    for (int s = 0; s < g.rank; ++s) before += rows[static_cast<size_t>(s) * rowInts + d];
+    for (int s = 0; s < g.rank; ++s) before += __ldcv(rows + static_cast<size_t>(s) * rowInts + d);
     r.sendOffset[d] = before;
   }
 }
 
-// ---- payload --------------------------------------------------------------------------------
-
-__global__ void __launch_bounds__(kCopyThreads) dispatchPayloadKernel(GroupView g, DispatchInput input, Routing r) {
-  if (timedOut(g)) return;
-  const GridWarp gw = gridWarp();
-  const int lane = gw.lane, warp = gw.warp, warps = gw.count;
-  const int payloadBytes = g.hidden * payloadBytesPerValue(input.dtype);
-  const int scalesPerRow = g.hidden / kScaleBlock;
+// Rows of token t for destination d: payload, FP8 scales, the top-k entries that are d's
+// experts (as d's local ids; others -1 with weight 0) and the source (rank, token).
+__device__ __forceinline__ void writeRow(const GroupView& g, const DispatchInput& input, int t, int d, size_t row,
+                                         int64_t id, float weight, int lane) {
   const WindowLayout& L = g.layout;
-  for (int t = warp; t < input.numTokens; t += warps) {
-    uint64_t mask = r.tokenRanks[t];
+  const int payloadBytes = g.hidden * payloadBytesPerValue(input.dtype);
+  // Rows are packed at the payload's own size: FP8 rows take half of a BF16 row.
+  warpCopy(at(g, d, L.recvX) + row * payloadBytes,
+           static_cast<const char*>(input.x) + static_cast<size_t>(t) * payloadBytes, payloadBytes, lane);
+  if (input.dtype == Payload::kFp8) {
+    const int scalesPerRow = g.hidden / kScaleBlock;
+    float* scales = reinterpret_cast<float*>(at(g, d, L.recvScales)) + row * scalesPerRow;
+    const float* in = input.scales + static_cast<size_t>(t) * scalesPerRow;
+    for (int i = lane; i < scalesPerRow; i += kWarp) scales[i] = __ldg(in + i);
+  }
+  if (lane < g.topk) {
+    const int64_t first = static_cast<int64_t>(d) * g.numLocalExperts;
+    const bool local = id >= first && id < first + g.numLocalExperts;
+    reinterpret_cast<int*>(at(g, d, L.recvTopk))[row * g.topk + lane] = local ? static_cast<int>(id - first) : -1;
+    reinterpret_cast<float*>(at(g, d, L.recvWeights))[row * g.topk + lane] = local ? weight : 0.0f;
+  }
+  if (lane == 0) {
+    int* source = reinterpret_cast<int*>(at(g, d, L.recvSource)) + row * 2;
+    source[0] = g.rank;
+    source[1] = t;
+  }
+}
+
+// One kernel per dispatch: layout (unless cached), count exchange and start handshake by block 0,
+// payload by every block, end handshake by the last block to finish.
+__global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, DispatchInput input, Routing r,
+                                                               bool cached) {
+  __shared__ uint64_t epochShared;
+  traceStart(g);
+  if (threadIdx.x == 0) epochShared = g.epochs->dispatch + 1;
+  __syncthreads();
+  const uint64_t epoch = epochShared;
+  if (timedOut(g)) return;
+  if (!cached) layoutBlock(g, input, r);
+  __syncthreads();
+  if (blockIdx.x == 0) {
+    tracePoint(g, kTraceDispatchLayout);
+    if (!cached && threadIdx.x == 0) waitCount(g, &g.sync->arrived, gridDim.x - 1);
+    tracePoint(g, kTraceDispatchArrived);
+    __syncthreads();
+    if (!cached) {
+      if (threadIdx.x == 0) g.sync->arrived = 0;  // the other blocks have all arrived
+      exchangeCounts(g, r, epoch);
+    } else {
+      peerHandshake(g, offsetof(Control, dispatchStart), epoch);
+    }
+    __syncthreads();
+    tracePoint(g, kTraceDispatchExchanged);
+    if (threadIdx.x == 0) {
+      __threadfence();
+      *reinterpret_cast<volatile uint64_t*>(&g.sync->dispatchGo) = epoch;
+    }
+  } else {
+    if (!cached && threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(&g.sync->arrived, 1u);
+    }
+  }
+  const Role role = blockRole(g.nRanks, kSmsToSaturateNvlink);
+  // A cached dispatch's local rows need nothing from the handshake; everything else does.
+  if (!cached || role.remote) {
+    if (threadIdx.x == 0) waitGo(g, &g.sync->dispatchGo, epoch);
+    __syncthreads();
+  }
+  if (timedOut(g)) return;  // never reached the peers' buffers: they time out as well
+
+  const int lane = threadIdx.x % kWarp;
+  const int warps = role.count * (kCopyThreads / kWarp);
+  const int per = tokensPerBlock(input.numTokens);
+  for (int t = role.index * (kCopyThreads / kWarp) + static_cast<int>(threadIdx.x) / kWarp; t < input.numTokens;
+       t += warps) {
+    // Routing arrays come from other blocks of this kernel (or an earlier dispatch): read them
+    // from L2, never from a line this SM's L1 may hold from before the hand-over.
+    uint64_t mask = __ldcg(r.tokenRanks + t);
+    if (!role.remote) mask &= 1ULL << g.rank;
+    if (!role.local) mask &= ~(1ULL << g.rank);
+    if (mask == 0) continue;
     int64_t id = -1;
     float weight = 0.0f;
     if (lane < g.topk) {
       // The routing's copy: a cached re-dispatch has no top-k input of its own.
-      id = r.topkIds[static_cast<size_t>(t) * g.topk + lane];
-      weight = r.topkWeights[static_cast<size_t>(t) * g.topk + lane];
+      id = __ldcg(r.topkIds + static_cast<size_t>(t) * g.topk + lane);
+      weight = __ldcg(r.topkWeights + static_cast<size_t>(t) * g.topk + lane);
     }
-    const char* src = static_cast<const char*>(input.x) + static_cast<size_t>(t) * payloadBytes;
     while (mask != 0) {
-      int d = __ffsll(static_cast<long long>(mask)) - 1;
+      const int d = __ffsll(static_cast<long long>(mask)) - 1;
       mask &= mask - 1;
-      size_t row = static_cast<size_t>(r.sendOffset[d] + r.tokenSlot[static_cast<size_t>(t) * g.nRanks + d]);
-      // Rows are packed at the payload's own size: FP8 rows take half of a BF16 row.
-      warpCopy(at(g, d, L.recvX) + row * payloadBytes, src, payloadBytes, lane);
-      if (input.dtype == Payload::kFp8) {
-        float* scales = reinterpret_cast<float*>(at(g, d, L.recvScales)) + row * scalesPerRow;
-        const float* in = input.scales + static_cast<size_t>(t) * scalesPerRow;
-        for (int i = lane; i < scalesPerRow; i += kWarp) scales[i] = in[i];
+      int* slotOf = r.tokenSlot + static_cast<size_t>(t) * g.nRanks + d;
+      int slot = __ldcg(slotOf);
+      if (!cached) {
+        // The layout gave the slot among its block's tokens; keep the rank-wide one for re-dispatch.
+        slot += __ldcg(g.blockBase + static_cast<size_t>(t / per) * g.nRanks + d);
+        __syncwarp();
+        if (lane == 0) *slotOf = slot;
       }
-      if (lane < g.topk) {
-        int64_t first = static_cast<int64_t>(d) * g.numLocalExperts;
-        bool local = id >= first && id < first + g.numLocalExperts;
-        reinterpret_cast<int*>(at(g, d, L.recvTopk))[row * g.topk + lane] = local ? static_cast<int>(id - first) : -1;
-        reinterpret_cast<float*>(at(g, d, L.recvWeights))[row * g.topk + lane] = local ? weight : 0.0f;
-      }
-      if (lane == 0) {
-        int* source = reinterpret_cast<int*>(at(g, d, L.recvSource)) + row * 2;
-        source[0] = g.rank;
-        source[1] = t;
-      }
+      writeRow(g, input, t, d, static_cast<size_t>(__ldcg(r.sendOffset + d) + slot), id, weight, lane);
     }
   }
-  // No fence here: this kernel's stores are complete when it retires, before the barrier kernel
-  // that follows in the stream publishes them with a system-scope release.
-}
-
-// ---- phase barrier --------------------------------------------------------------------------
-
-__global__ void phaseBarrierKernel(GroupView g, Phase phase) {
-  __shared__ uint64_t epoch;
-  uint64_t* counter = phase == Phase::kDispatch ? &g.epochs->dispatch : &g.epochs->combine;
-  if (threadIdx.x == 0) epoch = *counter + 1;
-  __syncthreads();
-  if (timedOut(g)) return;
-  if (threadIdx.x < static_cast<unsigned>(g.nRanks)) {
-    Control* peer = control(g, threadIdx.x);
-    uint64_t* word = phase == Phase::kDispatch ? &peer->dispatchDone[g.rank] : &peer->combineDone[g.rank];
-    __threadfence_system();
-    storeRelease(word, epoch);
-    Control* mine = control(g, g.rank);
-    const uint64_t* flag = phase == Phase::kDispatch ? &mine->dispatchDone[threadIdx.x] : &mine->combineDone[threadIdx.x];
-    waitEpoch(flag, epoch, g.timeoutNs, g.error, g.hostError, kErrorTimeout);
+  if (g.trace != nullptr) {
+    __syncthreads();
+    tracePoint(g, role.remote ? kTraceDispatchRemoteDone : kTraceDispatchLocalDone);
   }
-  __syncthreads();
-  if (threadIdx.x == 0) *counter = epoch;
+  if (lastBlockToFinish(g)) {
+    peerHandshake(g, offsetof(Control, dispatchDone), epoch);
+    __syncthreads();
+    tracePoint(g, kTraceDispatchEnd);
+    if (threadIdx.x == 0) g.epochs->dispatch = epoch;
+  }
 }
 
 // ---- expert-major expansion -----------------------------------------------------------------
@@ -325,108 +502,220 @@ __device__ __forceinline__ int4 floatToBf16x8(const float* f) {
   return v;
 }
 
-// Warp per received row: its rank's partial sum goes to the token's rank.
-__global__ void __launch_bounds__(kCopyThreads) combineSendKernel(GroupView g, Routing r, CombineInput in,
-                                                                  ExpertMajorRows expertRows) {
-  if (timedOut(g)) return;
-  const GridWarp gw = gridWarp();
-  const int lane = gw.lane, warp = gw.warp, warps = gw.count;
+// Vector v (8 BF16 values) of this rank's partial sum for received row j in the expert-major
+// layout: the sum of the row's expert outputs in top-k order, weighted or not, in FP32 and rounded
+// once. (In the rank-major layout the partial is the expert output row j itself.)
+// Out of line, with scalar arguments: the reduction's unrolled loop holds it as a call only.
+__device__ __noinline__ int4 expertMajorPartial(const int4* expertOutput, const int* slots, const float* weights,
+                                                int topk, bool weighted, int v, int vectors) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int k = 0; k < topk; ++k) {
+    const int slot = slots[k];
+    if (slot < 0) continue;
+    float f[8];
+    bf16x8ToFloat(__ldg(expertOutput + static_cast<size_t>(slot) * vectors + v), f);
+    if (weighted) {
+      const float w = weights[k];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w, f[i], acc[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], f[i]);
+    }
+  }
+  return floatToBf16x8(acc);
+}
+
+// Received row j came from another rank: its partial sum goes to that rank's slot for this rank,
+// then the row's flag carries the epoch (release after the warp's writes).
+__device__ __forceinline__ void sendPartial(const GroupView& g, const Routing& r, const CombineInput& in, size_t j,
+                                           uint64_t epoch, int lane) {
   const WindowLayout& L = g.layout;
-  const int rows = *r.numRecvRows;
   const int rowBytes = g.hidden * 2;
   const int vectors = rowBytes / 16;
   const int* source = reinterpret_cast<const int*>(at(g, g.rank, L.recvSource));
   const float* weights = reinterpret_cast<const float*>(at(g, g.rank, L.recvWeights));
-  for (int j = warp; j < rows; j += warps) {
-    int s = source[static_cast<size_t>(j) * 2];
-    int t = source[static_cast<size_t>(j) * 2 + 1];
-    char* dst = at(g, s, L.combineX) + (static_cast<size_t>(g.rank) * g.maxTokensPerRank + t) * rowBytes;
-    if (!in.expertMajor) {
-      warpCopy(dst, static_cast<const char*>(in.expertOutput) + static_cast<size_t>(j) * rowBytes, rowBytes, lane);
-    } else {
-      const int4* y = static_cast<const int4*>(in.expertOutput);
-      for (int v = lane; v < vectors; v += kWarp) {
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int k = 0; k < g.topk; ++k) {
-          int slot = r.expertSlot[static_cast<size_t>(j) * g.topk + k];
-          if (slot < 0) continue;
-          float f[8];
-          bf16x8ToFloat(__ldg(y + static_cast<size_t>(slot) * vectors + v), f);
-          if (in.weighted) {
-            float w = weights[static_cast<size_t>(j) * g.topk + k];
+  const int s = source[j * 2];
+  const int t = source[j * 2 + 1];
+  const size_t slot = static_cast<size_t>(g.rank) * g.maxTokensPerRank + t;
+  char* dst = at(g, s, L.combineX) + slot * rowBytes;
+  if (!in.expertMajor) {
+    warpCopy(dst, static_cast<const char*>(in.expertOutput) + j * rowBytes, rowBytes, lane);
+  } else {
+    for (int v = lane; v < vectors; v += kWarp) {
+      reinterpret_cast<int4*>(dst)[v] =
+          expertMajorPartial(static_cast<const int4*>(in.expertOutput), r.expertSlot + j * g.topk,
+                             weights + j * g.topk, g.topk, in.weighted, v, vectors);
+    }
+  }
+  if (lane < g.topk) reinterpret_cast<float*>(at(g, s, L.combineWeights))[slot * g.topk + lane] = weights[j * g.topk + lane];
+  __syncwarp();
+  if (lane == 0) storeRelease(reinterpret_cast<uint64_t*>(at(g, s, L.combineFlags)) + slot, epoch);
+}
+
+// Token t of this rank, once the partials of its other ranks have landed: the partials summed
+// over its ranks in ascending order in FP32 and rounded once (this rank's own partial computed in
+// place from the expert outputs); the top-k weights summed the same way. kUnrollV vectors per
+// lane are loaded before any is summed; the expert-major own partial is a call, so that layout
+// takes one at a time.
+template <bool kExpertMajor, int kUnrollV = kExpertMajor ? 1 : 4>
+__device__ __forceinline__ void reduceToken(const GroupView& g, const Routing& r, const CombineInput& in, int t,
+                                           int ownFirst, uint64_t epoch, int lane) {
+  const WindowLayout& L = g.layout;
+  const int vectors = g.hidden * 2 / 16;
+  const int4* partials = reinterpret_cast<const int4*>(at(g, g.rank, L.combineX));
+  const float* partialWeights = reinterpret_cast<const float*>(at(g, g.rank, L.combineWeights));
+  const uint64_t* flags = reinterpret_cast<const uint64_t*>(at(g, g.rank, L.combineFlags));
+  const float* ownWeights = reinterpret_cast<const float*>(at(g, g.rank, L.recvWeights));
+  const uint64_t mask = __ldcg(r.tokenRanks + t);
+  const uint64_t own = 1ULL << g.rank;
+  for (uint64_t m = mask & ~own; m != 0; m &= m - 1) {
+    const int s = __ffsll(static_cast<long long>(m)) - 1;
+    if (!waitEpoch(flags + static_cast<size_t>(s) * g.maxTokensPerRank + t, epoch, g.timeoutNs, g.error, g.hostError,
+                   kErrorTimeout)) {
+      return;
+    }
+  }
+  const size_t ownRow =
+      (mask & own) != 0 ? static_cast<size_t>(ownFirst + __ldcg(r.tokenSlot + static_cast<size_t>(t) * g.nRanks + g.rank)) : 0;
+  const int4* ownOutput = static_cast<const int4*>(in.expertOutput) + ownRow * vectors;  // rank-major only
+  int4* out = reinterpret_cast<int4*>(in.combinedX) + static_cast<size_t>(t) * vectors;
+  auto load = [&](int s, int v) {
+    if (v >= vectors) return int4{0, 0, 0, 0};
+    if (s != g.rank) return __ldcg(partials + (static_cast<size_t>(s) * g.maxTokensPerRank + t) * vectors + v);
+    if (!kExpertMajor) return __ldg(ownOutput + v);
+    return expertMajorPartial(static_cast<const int4*>(in.expertOutput), r.expertSlot + ownRow * g.topk,
+                              ownWeights + ownRow * g.topk, g.topk, in.weighted, v, vectors);
+  };
+  if (!kExpertMajor && __popcll(mask) <= 2) {
+    // At most two partials (every token with two ranks): both rows' vectors are in flight at
+    // once, with no accumulator to hold; the sum is the same (0 + a) + b as the general path.
+    const int first = mask != 0 ? __ffsll(static_cast<long long>(mask)) - 1 : -1;
+    const uint64_t rest = mask != 0 ? mask & (mask - 1) : 0;
+    const int second = rest != 0 ? __ffsll(static_cast<long long>(rest)) - 1 : -1;
+    for (int v0 = lane; v0 < vectors; v0 += 4 * kWarp) {
+      int4 a[4], b[4];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w, f[i], acc[i]);
-          } else {
+      for (int u = 0; u < 4; ++u) {
+        a[u] = first >= 0 ? load(first, v0 + u * kWarp) : int4{0, 0, 0, 0};
+        b[u] = second >= 0 ? load(second, v0 + u * kWarp) : int4{0, 0, 0, 0};
+      }
 #pragma unroll
-            for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], f[i]);
-          }
+      for (int u = 0; u < 4; ++u) {
+        const int v = v0 + u * kWarp;
+        if (v >= vectors) continue;
+        float fa[8], fb[8];
+        bf16x8ToFloat(a[u], fa);
+        bf16x8ToFloat(b[u], fb);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          fa[i] = __fadd_rn(0.0f, first >= 0 ? fa[i] : 0.0f);
+          if (second >= 0) fa[i] = __fadd_rn(fa[i], fb[i]);
         }
-        reinterpret_cast<int4*>(dst)[v] = floatToBf16x8(acc);
+        out[v] = floatToBf16x8(fa);
       }
     }
-    if (lane < g.topk) {
-      float* w = reinterpret_cast<float*>(at(g, s, L.combineWeights)) +
-                 (static_cast<size_t>(g.rank) * g.maxTokensPerRank + t) * g.topk;
-      w[lane] = weights[static_cast<size_t>(j) * g.topk + lane];
+  } else {
+  for (int v0 = lane; v0 < vectors; v0 += kUnrollV * kWarp) {
+    float acc[kUnrollV][8];
+#pragma unroll
+    for (int u = 0; u < kUnrollV; ++u) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[u][i] = 0.0f;
     }
+    for (uint64_t m = mask; m != 0; m &= m - 1) {
+      const int s = __ffsll(static_cast<long long>(m)) - 1;
+      int4 loaded[kUnrollV];
+#pragma unroll
+      for (int u = 0; u < kUnrollV; ++u) loaded[u] = load(s, v0 + u * kWarp);
+#pragma unroll
+      for (int u = 0; u < kUnrollV; ++u) {
+        float f[8];
+        bf16x8ToFloat(loaded[u], f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[u][i] = __fadd_rn(acc[u][i], f[i]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnrollV; ++u) {
+      const int v = v0 + u * kWarp;
+      if (v < vectors) out[v] = floatToBf16x8(acc[u]);
+    }
+  }
+  }
+  if (in.combinedWeights != nullptr && lane < g.topk) {
+    float sum = 0.0f;
+    for (uint64_t m = mask; m != 0; m &= m - 1) {
+      const int s = __ffsll(static_cast<long long>(m)) - 1;
+      const float w = s == g.rank ? ownWeights[ownRow * g.topk + lane]
+                                  : __ldcg(partialWeights + (static_cast<size_t>(s) * g.maxTokensPerRank + t) * g.topk + lane);
+      sum = __fadd_rn(sum, w);
+    }
+    in.combinedWeights[static_cast<size_t>(t) * g.topk + lane] = sum;
   }
 }
 
-// Warp per token of this rank: partials summed over ranks in ascending order.
-__global__ void __launch_bounds__(kCopyThreads) combineReduceKernel(GroupView g, Routing r, CombineInput in) {
+// One combine, one kernel, pipelined per token. Block 0 checks that every rank entered this
+// combine (their partial buffers are free); remote blocks then push partial sums to the tokens'
+// ranks, each row followed by its flag; the other blocks reduce this rank's tokens as their
+// partials land, computing this rank's own partial in place instead of copying it.
+__global__ void __launch_bounds__(kCopyThreads) combineKernel(GroupView g, Routing r, CombineInput in) {
+  __shared__ uint64_t epochShared;
+  traceStart(g);
+  if (threadIdx.x == 0) epochShared = g.epochs->combine + 1;
+  __syncthreads();
+  const uint64_t epoch = epochShared;
   if (timedOut(g)) return;
-  const GridWarp gw = gridWarp();
-  const int lane = gw.lane, warp = gw.warp, warps = gw.count;
-  const WindowLayout& L = g.layout;
-  const int rowBytes = g.hidden * 2;
-  const int vectors = rowBytes / 16;
-  const int4* partials = reinterpret_cast<const int4*>(at(g, g.rank, L.combineX));
-  const float* partialWeights = reinterpret_cast<const float*>(at(g, g.rank, L.combineWeights));
-  for (int t = warp; t < r.numTokens; t += warps) {
-    uint64_t mask = r.tokenRanks[t];
-    for (int v = lane; v < vectors; v += kWarp) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (uint64_t m = mask; m != 0; m &= m - 1) {
-        int s = __ffsll(static_cast<long long>(m)) - 1;
-        float f[8];
-        bf16x8ToFloat(partials[(static_cast<size_t>(s) * g.maxTokensPerRank + t) * vectors + v], f);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], f[i]);
-      }
-      reinterpret_cast<int4*>(in.combinedX)[static_cast<size_t>(t) * vectors + v] = floatToBf16x8(acc);
+  if (blockIdx.x == 0) {
+    peerHandshake(g, offsetof(Control, combineStart), epoch);
+    __syncthreads();
+    tracePoint(g, kTraceCombineStarted);
+    if (threadIdx.x == 0) {
+      __threadfence();
+      *reinterpret_cast<volatile uint64_t*>(&g.sync->combineGo) = epoch;
     }
-    if (in.combinedWeights != nullptr && lane < g.topk) {
-      float sum = 0.0f;
-      for (uint64_t m = mask; m != 0; m &= m - 1) {
-        int s = __ffsll(static_cast<long long>(m)) - 1;
-        sum = __fadd_rn(sum, partialWeights[(static_cast<size_t>(s) * g.maxTokensPerRank + t) * g.topk + lane]);
-      }
-      in.combinedWeights[static_cast<size_t>(t) * g.topk + lane] = sum;
+  }
+  const Role role = blockRole(g.nRanks, kCombineSenderSms);
+  int ownFirst = 0;  // received rows are grouped by source rank: this rank's own rows are one range
+  for (int s = 0; s < g.rank; ++s) ownFirst += r.recvRowsPerRank[s];
+  const int lane = threadIdx.x % kWarp;
+  const int warpInBlock = static_cast<int>(threadIdx.x) / kWarp;
+  const int warps = role.count * (kCopyThreads / kWarp);
+  if (role.remote) {
+    if (threadIdx.x == 0) waitGo(g, &g.sync->combineGo, epoch);
+    __syncthreads();
+    if (timedOut(g)) return;
+    const int ownRows = r.recvRowsPerRank[g.rank];
+    const int rows = *r.numRecvRows - ownRows;
+    for (int i = role.index * (kCopyThreads / kWarp) + warpInBlock; i < rows; i += warps) {
+      sendPartial(g, r, in, static_cast<size_t>(i < ownFirst ? i : i + ownRows), epoch, lane);
     }
+    if (g.trace != nullptr) {
+      __syncthreads();
+      tracePoint(g, kTraceCombineSent);
+    }
+  }
+  if (role.local) {
+    for (int t = role.index * (kCopyThreads / kWarp) + warpInBlock; t < r.numTokens; t += warps) {
+      if (in.expertMajor) reduceToken<true>(g, r, in, t, ownFirst, epoch, lane);
+      else reduceToken<false>(g, r, in, t, ownFirst, epoch, lane);
+    }
+    if (g.trace != nullptr) {
+      __syncthreads();
+      tracePoint(g, kTraceCombineReduced);
+    }
+  }
+  if (lastBlockToFinish(g)) {
+    tracePoint(g, kTraceCombineEnd);
+    if (threadIdx.x == 0) g.epochs->combine = epoch;
   }
 }
 
 }  // namespace
 
-cudaError_t launchLayout(const GroupView& group, const DispatchInput& input, const Routing& routing,
-                         cudaStream_t stream) {
-  layoutKernel<<<1, kLayoutThreads, 0, stream>>>(group, input, routing);
-  return cudaGetLastError();
-}
-
-cudaError_t launchCountExchange(const GroupView& group, const Routing& routing, cudaStream_t stream) {
-  countExchangeKernel<<<1, 256, 0, stream>>>(group, routing);
-  return cudaGetLastError();
-}
-
-cudaError_t launchDispatchPayload(const GroupView& group, const DispatchInput& input, const Routing& routing,
-                                  int numBlocks, cudaStream_t stream) {
-  dispatchPayloadKernel<<<numBlocks, kCopyThreads, 0, stream>>>(group, input, routing);
-  return cudaGetLastError();
-}
-
-cudaError_t launchPhaseBarrier(const GroupView& group, Phase phase, cudaStream_t stream) {
-  phaseBarrierKernel<<<1, kMaxRanks, 0, stream>>>(group, phase);
+cudaError_t launchDispatch(const GroupView& group, const DispatchInput& input, const Routing& routing, bool cached,
+                           int numBlocks, cudaStream_t stream) {
+  dispatchKernel<<<numBlocks, kCopyThreads, 0, stream>>>(group, input, routing, cached);
   return cudaGetLastError();
 }
 
@@ -436,15 +725,9 @@ cudaError_t launchExpand(const GroupView& group, const Routing& routing, Payload
   return cudaGetLastError();
 }
 
-cudaError_t launchCombineSend(const GroupView& group, const Routing& routing, const CombineInput& input,
-                              const ExpertMajorRows& rows, int numBlocks, cudaStream_t stream) {
-  combineSendKernel<<<numBlocks, kCopyThreads, 0, stream>>>(group, routing, input, rows);
-  return cudaGetLastError();
-}
-
-cudaError_t launchCombineReduce(const GroupView& group, const Routing& routing, const CombineInput& input,
-                                int numBlocks, cudaStream_t stream) {
-  combineReduceKernel<<<numBlocks, kCopyThreads, 0, stream>>>(group, routing, input);
+cudaError_t launchCombine(const GroupView& group, const Routing& routing, const CombineInput& input, int numBlocks,
+                          cudaStream_t stream) {
+  combineKernel<<<numBlocks, kCopyThreads, 0, stream>>>(group, routing, input);
   return cudaGetLastError();
 }
 

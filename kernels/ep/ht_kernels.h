@@ -1,7 +1,7 @@
-// Host entry points of the high-throughput expert-parallel kernels. One dispatch is
-//   layout -> count exchange -> payload -> done signal [-> expert-major expansion]
-// and one combine is
-//   partial sums sent to the tokens' ranks -> done signal -> reduction over ranks.
+// Host entry points of the high-throughput expert-parallel kernels. One dispatch is one kernel
+//   layout -> count exchange -> payload -> done handshake   [-> expert-major expansion]
+// and one combine is one kernel
+//   start handshake -> partial sums sent to the tokens' ranks -> done handshake -> reduction.
 // Each launch returns the CUDA launch status; device-side failures go to GroupView::error.
 #pragma once
 
@@ -43,24 +43,17 @@ struct CombineInput {
   float* combinedWeights;    // [numTokens][topk] or null
 };
 
-// Destination ranks and per-destination slots of every token; per-rank and per-expert counts.
-cudaError_t launchLayout(const GroupView& group, const DispatchInput& input, const Routing& routing,
-                         cudaStream_t stream);
-// Publishes this rank's counts to every rank and derives offsets and receive counts (expert
-// regions aligned to routing.expertAlignment).
-cudaError_t launchCountExchange(const GroupView& group, const Routing& routing, cudaStream_t stream);
-// Writes every token once into each destination rank's receive rows.
-cudaError_t launchDispatchPayload(const GroupView& group, const DispatchInput& input, const Routing& routing,
-                                  int numBlocks, cudaStream_t stream);
-enum class Phase : int { kDispatch = 0, kCombine = 1 };
-// Tells every rank that this rank's writes of the phase are complete and waits for all of theirs.
-cudaError_t launchPhaseBarrier(const GroupView& group, Phase phase, cudaStream_t stream);
+// One dispatch, one kernel on `numBlocks` SMs (at most GroupView::maxBlocks): the layout of the
+// tokens (skipped when `cached`: the routing holds it), the exchange of counts with every rank,
+// every token written once into each destination rank's receive rows, and a done handshake.
+cudaError_t launchDispatch(const GroupView& group, const DispatchInput& input, const Routing& routing, bool cached,
+                           int numBlocks, cudaStream_t stream);
 // Rank-major rows -> expert-major rows (one per (token, local expert)), aligned expert regions.
 cudaError_t launchExpand(const GroupView& group, const Routing& routing, Payload dtype, const ExpertMajorRows& rows,
                          cudaStream_t stream);
-cudaError_t launchCombineSend(const GroupView& group, const Routing& routing, const CombineInput& input,
-                              const ExpertMajorRows& rows, int numBlocks, cudaStream_t stream);
-cudaError_t launchCombineReduce(const GroupView& group, const Routing& routing, const CombineInput& input,
-                                int numBlocks, cudaStream_t stream);
+// One combine, one kernel: partial sums pushed to the tokens' ranks, a done handshake, and the
+// reduction over ranks of this rank's tokens.
+cudaError_t launchCombine(const GroupView& group, const Routing& routing, const CombineInput& input, int numBlocks,
+                          cudaStream_t stream);
 
 }  // namespace unifab::kernels::ep

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "tests/bench/bench_common.h"
+#include "tests/bench/copy_ceiling.h"
+#include "tests/common/test_util.h"
 #include "tests/common/ep_device.h"
 #include "tests/common/ep_reference.h"
 #include "tests/common/nccl_session.h"
@@ -24,6 +26,12 @@ struct EpRun {
   int tokens, hidden, topk, experts, sms, iters, warmup;
   bool fp8, expertMajor;
   std::string csv;
+  std::string ops;  // comma-separated subset of dispatch,empty,cached,combine,nccl,ceiling; empty: all
+  bool wants(const char* op) const {
+    if (ops.empty()) return true;
+    const std::string list = "," + ops + ",";
+    return list.find("," + std::string(op) + ",") != std::string::npos;
+  }
 };
 
 struct Timer {
@@ -32,25 +40,48 @@ struct Timer {
   size_t flushBytes = size_t{256} << 20;
 };
 
-// Median time (us) of `op` over the run's iterations, each after an L2 flush and a barrier.
+// What one operation costs: the median GPU time of a call after an L2 flush and a barrier (the
+// headline), the GPU time per call of kBackToBack calls in a row (no flush, no barrier: what a
+// steady stream of calls sees), and the median host time spent inside one call.
+struct OpTimes {
+  double us = 0, backToBackUs = 0, hostUs = 0;
+};
+constexpr int kBackToBack = 10;
+
 template <typename Op>
-bool timeOp(test::NcclSession& session, Timer& timer, const EpRun& run, Op op, double* medianUs) {
+bool timeOp(test::NcclSession& session, Timer& timer, const EpRun& run, Op op, OpTimes* times) {
   for (int i = 0; i < run.warmup; ++i) {
     if (!op()) return false;
   }
-  std::vector<double> samples;
+  std::vector<double> samples, host;
   for (int i = 0; i < run.iters; ++i) {
     TEST_CUDA_CHECK(cudaMemsetAsync(timer.flush, i & 0xff, timer.flushBytes, session.stream()));
     if (!session.barrier(false)) return false;  // every rank starts its timed call together
     TEST_CUDA_CHECK(cudaEventRecord(timer.start, session.stream()));
+    const double hostStart = test::nowSeconds();
     if (!op()) return false;
+    host.push_back((test::nowSeconds() - hostStart) * 1e6);
     TEST_CUDA_CHECK(cudaEventRecord(timer.stop, session.stream()));
     TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
     float ms = 0;
     TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, timer.start, timer.stop));
     samples.push_back(ms * 1000.0);
   }
-  *medianUs = median(samples);
+  times->us = median(samples);
+  times->hostUs = median(host);
+  if (!session.barrier(true)) return false;
+  TEST_CUDA_CHECK(cudaEventRecord(timer.start, session.stream()));
+  for (int i = 0; i < kBackToBack; ++i) {
+    if (!op()) return false;
+  }
+  TEST_CUDA_CHECK(cudaEventRecord(timer.stop, session.stream()));
+  TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
+  float ms = 0;
+  TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, timer.start, timer.stop));
+  times->backToBackUs = ms * 1000.0 / kBackToBack;
+  for (double* value : {&times->us, &times->backToBackUs, &times->hostUs}) {
+    if (!session.maxOverRanks(value)) return false;
+  }
   return true;
 }
 
@@ -107,7 +138,6 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   TEST_CUDA_CHECK(cudaEventCreate(&timer.stop));
   TEST_CUDA_CHECK(cudaMalloc(&timer.flush, timer.flushBytes));
 
-  double dispatchUs = 0, combineUs = 0, ncclUs = 0;
   // One timed dispatch with `a`; a fresh routing handle is released at once, a cached one is the
   // caller's and stays.
   auto dispatchOf = [&](const unifabEpDispatchArgs_t& a) {
@@ -122,23 +152,24 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   unifabEpCombineArgs_t cargs = UNIFAB_EP_COMBINE_ARGS_INIT;
   cargs.expertOutput = expertOut;
   cargs.combinedX = combined;
+  cargs.numSms = run.sms;
   auto combine = [&]() { return unifabEpCombine(group, handle, &cargs, session.stream()) == unifabSuccess; };
-  // Where the time goes: the same dispatch with the routing of the first one (no layout and no
-  // count exchange), and a dispatch of zero tokens (launches and the two exchanges alone).
+  // Where the time goes: the same dispatch with the routing of the first one (no layout), and a
+  // dispatch of zero tokens (launch and the two handshakes alone).
   unifabEpDispatchArgs_t cachedArgs = args;
   cachedArgs.cachedHandle = handle;
   cachedArgs.topkIdx = nullptr;
   unifabEpDispatchArgs_t emptyArgs = args;
   emptyArgs.numTokens = 0;
-  auto dispatch = dispatchOf(args);
-  auto dispatchCached = dispatchOf(cachedArgs);
-  auto dispatchEmpty = dispatchOf(emptyArgs);
-  double cachedUs = 0, emptyUs = 0;
-  if (!timeOp(session, timer, run, dispatch, &dispatchUs)) return false;
-  if (!timeOp(session, timer, run, dispatchEmpty, &emptyUs)) return false;
+  OpTimes dispatchT, cachedT, emptyT, combineT, ncclT;
+  if (run.wants("dispatch") && !timeOp(session, timer, run, dispatchOf(args), &dispatchT)) return false;
+  if (run.wants("empty") && !timeOp(session, timer, run, dispatchOf(emptyArgs), &emptyT)) return false;
   // Last before combine: combine needs its handle's dispatch to be the group's latest.
-  if (!timeOp(session, timer, run, dispatchCached, &cachedUs)) return false;
-  if (!timeOp(session, timer, run, combine, &combineUs)) return false;
+  if (run.wants("cached") && !timeOp(session, timer, run, dispatchOf(cachedArgs), &cachedT)) return false;
+  if (!run.wants("cached") && run.wants("combine")) {
+    TEST_UNIFAB_CHECK(unifabEpDispatch(group, &cachedArgs, session.stream(), &handle, &result));
+  }
+  if (run.wants("combine") && !timeOp(session, timer, run, combine, &combineT)) return false;
   TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
 
   // NCCL's grouped send/recv all-to-all moving this rank's dispatch rows to the same ranks.
@@ -160,49 +191,78 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   TEST_CUDA_CHECK(cudaMalloc(&a2aSend, maxBytes * env.nRanks));
   TEST_CUDA_CHECK(cudaMalloc(&a2aRecv, maxBytes * env.nRanks));
   auto alltoall = [&]() { return session.exchange(a2aSend, a2aRecv, maxBytes, sendBytes.data(), recvBytes.data()); };
-  if (!timeOp(session, timer, run, alltoall, &ncclUs)) return false;
+  if (run.wants("nccl") && !timeOp(session, timer, run, alltoall, &ncclT)) return false;
+  TEST_CUDA_CHECK(cudaFree(a2aSend));
+  TEST_CUDA_CHECK(cudaFree(a2aRecv));
 
-  double localDispatch = dispatchUs, localCombine = combineUs, localNccl = ncclUs;
-  for (double* time : {&dispatchUs, &combineUs, &ncclUs, &cachedUs, &emptyUs}) {
-    if (!session.maxOverRanks(time)) return false;
+  // The same received bytes moved by plain copies: what NVLink and the SMs allow for this exchange.
+  const int ceilingSms = run.sms > 0 ? run.sms : 24;
+  CopyCeiling ceiling;
+  if (run.wants("ceiling") && !measureCopyCeiling(session, static_cast<size_t>(remoteRows) * rowBytes,
+                          static_cast<size_t>(perRank[env.rank]) * rowBytes, rowBytes, ceilingSms, run.iters,
+                          timer.flush, timer.flushBytes, &ceiling)) {
+    return false;
   }
-  const double dispatchBytes = static_cast<double>(rankMajorRows) * rowBytes;
-  const double remoteDispatchBytes = static_cast<double>(remoteRows) * rowBytes;
-  const double combineBytes = static_cast<double>(rankMajorRows) * run.hidden * 2;
-  const double remoteCombineBytes = static_cast<double>(remoteRows) * run.hidden * 2;
-  printf("rank %d: dispatch %.1f us, combine %.1f us, NCCL all-to-all %.1f us; %d rows received (%d remote)%s\n",
-         env.rank, localDispatch, localCombine, localNccl, rankMajorRows, remoteRows,
+
+  printf("rank %d: %d rows received (%d remote)%s\n", env.rank, rankMajorRows, remoteRows,
          run.expertMajor ? (", " + std::to_string(rows) + " expert-major rows").c_str() : "");
   if (env.rank == 0) {
-    int sms = run.sms > 0 ? run.sms : -1;
+    const double dispatchBytes = static_cast<double>(rankMajorRows) * rowBytes;
+    const double remoteDispatchBytes = static_cast<double>(remoteRows) * rowBytes;
+    const double combineBytes = static_cast<double>(rankMajorRows) * run.hidden * 2;
+    const double remoteCombineBytes = static_cast<double>(remoteRows) * run.hidden * 2;
+    const int sms = run.sms > 0 ? run.sms : -1;
     printf("# unifab-bench ep ht: %d ranks, %d tokens/rank, hidden %d, top-%d, %d experts, %s dispatch, %s, SMs %s\n",
            env.nRanks, run.tokens, run.hidden, run.topk, run.experts, run.fp8 ? "FP8" : "BF16",
            run.expertMajor ? "expert-major" : "rank-major", sms > 0 ? std::to_string(sms).c_str() : "auto");
-    printf("# median of %d after %d warm-up, L2 flushed, slowest rank; GB/s = 1e9 B/s\n", run.iters, run.warmup);
-    printf("# %-22s %12s %16s %16s\n", "op", "time(us)", "DeepEP GB/s", "NVLink GB/s");
-    printf("  %-22s %12.1f %16.1f %16.1f\n", "dispatch", dispatchUs, dispatchBytes / (dispatchUs * 1e3),
-           remoteDispatchBytes / (dispatchUs * 1e3));
-    printf("  %-22s %12.1f %16.1f %16.1f\n", "dispatch, cached", cachedUs, dispatchBytes / (cachedUs * 1e3),
-           remoteDispatchBytes / (cachedUs * 1e3));
-    printf("  %-22s %12.1f %16s %16s\n", "dispatch, 0 tokens", emptyUs, "-", "-");
-    printf("  %-22s %12.1f %16.1f %16.1f\n", "combine", combineUs, combineBytes / (combineUs * 1e3),
-           remoteCombineBytes / (combineUs * 1e3));
-    printf("  %-22s %12.1f %16.1f %16.1f\n", "nccl send/recv a2a", ncclUs, dispatchBytes / (ncclUs * 1e3),
-           remoteDispatchBytes / (ncclUs * 1e3));
+    printf("# median of %d after %d warm-up, L2 flushed, slowest rank; GB/s = 1e9 B/s; b2b = per call of %d in a row;"
+           " host = time inside the call\n", run.iters, run.warmup, kBackToBack);
+    printf("# %-30s %10s %12s %12s %10s %10s\n", "op", "time(us)", "DeepEP GB/s", "NVLink GB/s", "b2b(us)", "host(us)");
+    auto row = [&](const char* name, const OpTimes& t, double bytes, double remote) {
+      if (t.us <= 0) return;  // not run (--ops)
+      printf("  %-30s %10.1f %12.1f %12.1f %10.1f %10.1f\n", name, t.us, bytes / (t.us * 1e3), remote / (t.us * 1e3),
+             t.backToBackUs, t.hostUs);
+    };
+    row("dispatch", dispatchT, dispatchBytes, remoteDispatchBytes);
+    row("dispatch, cached", cachedT, dispatchBytes, remoteDispatchBytes);
+    if (emptyT.us > 0) printf("  %-30s %10.1f %12s %12s %10.1f %10.1f\n", "dispatch, 0 tokens", emptyT.us, "-", "-", emptyT.backToBackUs,
+           emptyT.hostUs);
+    row("combine", combineT, combineBytes, remoteCombineBytes);
+    row("nccl send/recv a2a", ncclT, dispatchBytes, remoteDispatchBytes);
+    if (ceiling.copyEngineUs > 0) printf("  %-30s %10.1f %12.1f %12.1f\n", "copy ceiling, copy engines", ceiling.copyEngineUs,
+           dispatchBytes / (ceiling.copyEngineUs * 1e3), remoteDispatchBytes / (ceiling.copyEngineUs * 1e3));
+    if (ceiling.smUs > 0) {
+      const std::string name = "copy ceiling, " + std::to_string(ceilingSms) + " SMs";
+      printf("  %-30s %10.1f %12.1f %12.1f\n", name.c_str(), ceiling.smUs, dispatchBytes / (ceiling.smUs * 1e3),
+             remoteDispatchBytes / (ceiling.smUs * 1e3));
+      printf("  %-30s %10.1f %12s %12.1f\n", "  remote rows only", ceiling.smRemoteOnlyUs, "-",
+             remoteDispatchBytes / (ceiling.smRemoteOnlyUs * 1e3));
+      printf("  %-30s %10.1f %12s %12s\n", "  local rows only", ceiling.smLocalOnlyUs, "-", "-");
+      for (const CopyCeiling::Split& split : ceiling.splits) {
+        const std::string label = "  split " + std::to_string(split.remoteBlocks) + " remote SMs";
+        printf("  %-30s %10.1f %12.1f %12.1f\n", label.c_str(), split.us, dispatchBytes / (split.us * 1e3),
+               remoteDispatchBytes / (split.us * 1e3));
+      }
+    }
     if (!run.csv.empty()) {
       FILE* f = fopen(run.csv.c_str(), "w");
       if (f != nullptr) {
-        fprintf(f, "op,ranks,tokens,hidden,topk,experts,dtype,layout,sms,time_us,deepep_gbs,nvlink_gbs\n");
+        fprintf(f, "op,ranks,tokens,hidden,topk,experts,dtype,layout,sms,time_us,deepep_gbs,nvlink_gbs,b2b_us,host_us\n");
         const char* dtype = run.fp8 ? "fp8" : "bf16";
         const char* layout = run.expertMajor ? "expert" : "rank";
-        fprintf(f, "dispatch,%d,%d,%d,%d,%d,%s,%s,%d,%.2f,%.2f,%.2f\n", env.nRanks, run.tokens, run.hidden, run.topk,
-                run.experts, dtype, layout, run.sms, dispatchUs, dispatchBytes / (dispatchUs * 1e3),
-                remoteDispatchBytes / (dispatchUs * 1e3));
-        fprintf(f, "combine,%d,%d,%d,%d,%d,%s,%s,%d,%.2f,%.2f,%.2f\n", env.nRanks, run.tokens, run.hidden, run.topk,
-                run.experts, dtype, layout, run.sms, combineUs, combineBytes / (combineUs * 1e3),
-                remoteCombineBytes / (combineUs * 1e3));
-        fprintf(f, "nccl_a2a,%d,%d,%d,%d,%d,%s,%s,%d,%.2f,%.2f,%.2f\n", env.nRanks, run.tokens, run.hidden, run.topk,
-                run.experts, dtype, layout, 0, ncclUs, dispatchBytes / (ncclUs * 1e3), remoteDispatchBytes / (ncclUs * 1e3));
+        auto csvRow = [&](const char* op, int opSms, const OpTimes& t, double bytes, double remote) {
+          if (t.us <= 0) return;
+          fprintf(f, "%s,%d,%d,%d,%d,%d,%s,%s,%d,%.2f,%.2f,%.2f,%.2f,%.2f\n", op, env.nRanks, run.tokens, run.hidden,
+                  run.topk, run.experts, dtype, layout, opSms, t.us, bytes / (t.us * 1e3), remote / (t.us * 1e3),
+                  t.backToBackUs, t.hostUs);
+        };
+        csvRow("dispatch", run.sms, dispatchT, dispatchBytes, remoteDispatchBytes);
+        csvRow("dispatch_cached", run.sms, cachedT, dispatchBytes, remoteDispatchBytes);
+        csvRow("combine", run.sms, combineT, combineBytes, remoteCombineBytes);
+        csvRow("nccl_a2a", 0, ncclT, dispatchBytes, remoteDispatchBytes);
+        OpTimes ce{ceiling.copyEngineUs, 0, 0}, sm{ceiling.smUs, 0, 0};
+        csvRow("copy_engine_ceiling", 0, ce, dispatchBytes, remoteDispatchBytes);
+        if (ceiling.smUs > 0) csvRow("sm_copy_ceiling", ceilingSms, sm, dispatchBytes, remoteDispatchBytes);
         fclose(f);
       }
     }
@@ -229,6 +289,7 @@ int runEp(Args& args, const char* self) {
   run.fp8 = dtype == "fp8";
   run.expertMajor = layout == "expert";
   run.csv = args.value("--csv", "");
+  run.ops = args.value("--ops", "");
   std::string ranksText = args.value("--nranks", "0");
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench ep: unknown argument '%s'\n", args.leftovers()[0].c_str());

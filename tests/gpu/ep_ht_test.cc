@@ -156,12 +156,14 @@ struct Case {
   bool int32Ids;
   bool hostCounts;
   bool weighted;
+  int numSms;  // 0: the group's choice; 1..3 exercise one block doing both roles and small splits
 };
 
 std::string describe(const Case& c) {
   char text[200];
-  snprintf(text, sizeof(text), "E%d H%d top-%d %s %s%s", c.shape.numExperts, c.shape.hidden, c.shape.topk,
-           c.fp8 ? "fp8" : "bf16", c.expertMajor ? "expert-major/" : "rank-major", c.expertMajor ? std::to_string(c.alignment).c_str() : "");
+  snprintf(text, sizeof(text), "E%d H%d top-%d %s %s%s SMs %d", c.shape.numExperts, c.shape.hidden, c.shape.topk,
+           c.fp8 ? "fp8" : "bf16", c.expertMajor ? "expert-major/" : "rank-major",
+           c.expertMajor ? std::to_string(c.alignment).c_str() : "", c.numSms);
   return text;
 }
 
@@ -193,6 +195,7 @@ bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_
   args.layout = c.expertMajor ? unifabEpExpertMajor : unifabEpRankMajor;
   args.expertAlignment = c.alignment;
   args.hostCounts = c.hostCounts ? 1 : 0;
+  args.numSms = c.numSms;
   unifabEpHandle_t handle = nullptr;
   unifabEpDispatchResult_t result;
   result.size = sizeof(result);
@@ -222,6 +225,7 @@ bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_
   cargs.weighted = c.weighted ? 1 : 0;
   cargs.combinedX = b.combined;
   cargs.combinedWeights = b.combinedWeights;
+  cargs.numSms = c.numSms == 0 ? 2 : 0;  // a different split from the dispatch's
   TEST_UNIFAB_CHECK(unifabEpCombine(group, handle, &cargs, session.stream()));
   TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
   TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
@@ -241,6 +245,7 @@ bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_
   args.cachedHandle = handle;
   args.topkIdx = nullptr;
   args.hostCounts = 0;
+  args.numSms = c.numSms == 3 ? 0 : 3;  // the routing does not depend on the block count
   unifabEpHandle_t same = nullptr;
   TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &same, &result));
   TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
@@ -351,7 +356,9 @@ bool runShape(NcclSession& session, Shape shape, int iterations, int replays) {
   unifabEpDispatchResult_t lastExpert = probe;
   bool knowExpert = false;
   for (int i = 0; i < iterations; ++i) {
-    Case c{shape, i % 2 == 1, i % 4 >= 2, (i % 3 == 0) ? 1 : (i % 3 == 1 ? 8 : 64), i % 5 == 1, i % 7 == 0, i % 2 == 0};
+    static const int kSms[] = {0, 1, 2, 3, 5};
+    Case c{shape, i % 2 == 1, i % 4 >= 2, (i % 3 == 0) ? 1 : (i % 3 == 1 ? 8 : 64), i % 5 == 1, i % 7 == 0, i % 2 == 0,
+           kSms[i % 5]};
     uint64_t seed = 1000 * static_cast<uint64_t>(shape.numExperts) + 17 * static_cast<uint64_t>(i) + shape.hidden;
     unifabEpDispatchResult_t& previous = c.expertMajor ? lastExpert : last;
     if (c.expertMajor && !knowExpert) previous = last;  // the rank-major arrays are poisoned instead
@@ -372,14 +379,15 @@ int main(int argc, char** argv) {
   RankEnvironment env = rankEnvironment();
   int iterations = 8;
   int replays = 5;
-  bool quick = false;
+  bool quick = false, full = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--iterations" && i + 1 < argc) iterations = atoi(argv[++i]);
     else if (arg == "--replays" && i + 1 < argc) replays = atoi(argv[++i]);
     else if (arg == "--quick") quick = true;  // one small shape, for compute-sanitizer runs
+    else if (arg == "--full") full = true;    // every hidden x top-k x experts combination
     else {
-      fprintf(stderr, "usage: %s [--iterations N] [--replays N] [--quick]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--iterations N] [--replays N] [--quick | --full]\n", argv[0]);
       return 2;
     }
   }
@@ -391,6 +399,14 @@ int main(int argc, char** argv) {
   };
   std::vector<ShapeSpec> shapes = {{16, 2048, 1, 96}, {64, 4096, 6, 128}, {256, 7168, 8, 128}, {256, 2048, 8, 256}};
   if (quick) shapes = {{64, 2048, 6, 64}};
+  if (full) {
+    shapes.clear();
+    for (int experts : {16, 64, 256}) {
+      for (int hidden : {2048, 4096, 7168}) {
+        for (int topk : {1, 6, 8}) shapes.push_back({experts, hidden, topk, 160});
+      }
+    }
+  }
   for (const ShapeSpec& spec : shapes) {
     Shape shape;
     shape.nRanks = session.nRanks();

@@ -1,0 +1,30 @@
+// The NVLink copy ceiling for a dispatch-shaped exchange, measured in the same run as the
+// operation it bounds: every rank pushes `remoteBytes` to each peer while copying `localBytes`
+// into its own memory, once with the copy engines and once with an SM copy kernel on N SMs.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "tests/common/nccl_session.h"
+
+namespace unifab::bench {
+
+struct CopyCeiling {
+  double copyEngineUs = 0;  // cudaMemcpyAsync to every peer and to itself, one stream
+  double smUs = 0;          // one kernel on `sms` SMs, 16-byte loads and stores, rows interleaved
+  double smRemoteOnlyUs = 0;  // the same kernel with the peer's rows alone
+  double smLocalOnlyUs = 0;   // ... and with the local rows alone
+  struct Split {
+    int remoteBlocks;  // SMs that copy to the peer; the others copy locally
+    double us;
+  };
+  std::vector<Split> splits;
+};
+
+// Collective over the session's ranks. Times are medians over `iters` after an L2 flush and a
+// barrier, the slowest rank. `rowBytes` is the dispatch row size the SM kernel copies at a time.
+bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t localBytes, size_t rowBytes, int sms,
+                        int iters, void* flush, size_t flushBytes, CopyCeiling* out);
+
+}  // namespace unifab::bench
