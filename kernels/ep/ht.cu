@@ -13,6 +13,9 @@ namespace unifab::kernels::ep {
 namespace {
 
 constexpr int kCopyThreads = 1024;
+// Combine holds two partials' vectors per lane while it sums them: 768 threads leave it 80
+// registers (1024 would spill), and 24 warps per SM still keep ~100 KB in flight.
+constexpr int kCombineThreads = 768;
 constexpr int kWarp = 32;
 constexpr int kUnroll = 8;  // 16-byte vectors in flight per lane: 128 KB per 1024-thread block
 
@@ -58,10 +61,12 @@ __device__ __forceinline__ int64_t loadExpert(const void* topkIdx, bool is32, si
 }
 
 // Copies `bytes` (a multiple of 16) with every lane of the warp keeping kUnroll vectors in flight.
+// (A predicated last round instead of the vector-at-a-time tail measured no faster: the tail's
+// loads are independent and overlap anyway.)
 __device__ __forceinline__ void warpCopy(char* dst, const char* src, int bytes, int lane) {
   const int4* in = reinterpret_cast<const int4*>(src);
   int4* out = reinterpret_cast<int4*>(dst);
-  int vectors = bytes / 16;
+  const int vectors = bytes / 16;
   int i = lane;
   for (; i + (kUnroll - 1) * kWarp < vectors; i += kUnroll * kWarp) {
     int4 v[kUnroll];
@@ -163,9 +168,10 @@ struct Role {
 constexpr int kRemoteGBpsPerSm = 45;
 constexpr int kLocalGBpsPerSm = 39;
 constexpr int kSmsToSaturateNvlink = 8;
-// Combine's senders release a flag after every row, which stalls each warp for a round trip: they
-// need more SMs for the same rate (11 of 24 measured best on 2 x H200; 8 left NVLink at ~290 GB/s).
-constexpr int kCombineSenderSms = 12;
+// Combine's senders publish a flag every kFlagBatch rows, and its reducers need as many SMs as
+// it can spare: 9 senders of 24 SMs measured best on 2 x H200 (216 us; 10 and 11 sent sooner
+// but left the reducers behind, 234 and 242 us).
+constexpr int kCombineSenderSms = 9;
 
 // Remote blocks get the share that makes both parts finish together ((n-1)/n of the bytes are
 // remote), capped at `maxRemote`; at least one block each.
@@ -388,36 +394,58 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   }
   if (timedOut(g)) return;  // never reached the peers' buffers: they time out as well
 
+  __shared__ int sendOffset[kMaxRanks];
+  for (int d = threadIdx.x; d < g.nRanks; d += blockDim.x) sendOffset[d] = __ldcg(r.sendOffset + d);
+  __syncthreads();
   const int lane = threadIdx.x % kWarp;
   const int warps = role.count * (kCopyThreads / kWarp);
   const int per = tokensPerBlock(input.numTokens);
-  for (int t = role.index * (kCopyThreads / kWarp) + static_cast<int>(threadIdx.x) / kWarp; t < input.numTokens;
-       t += warps) {
-    // Routing arrays come from other blocks of this kernel (or an earlier dispatch): read them
-    // from L2, never from a line this SM's L1 may hold from before the hand-over.
-    uint64_t mask = __ldcg(r.tokenRanks + t);
-    if (!role.remote) mask &= 1ULL << g.rank;
-    if (!role.local) mask &= ~(1ULL << g.rank);
-    if (mask == 0) continue;
-    int64_t id = -1;
-    float weight = 0.0f;
-    if (lane < g.topk) {
-      // The routing's copy: a cached re-dispatch has no top-k input of its own.
-      id = __ldcg(r.topkIds + static_cast<size_t>(t) * g.topk + lane);
-      weight = __ldcg(r.topkWeights + static_cast<size_t>(t) * g.topk + lane);
+  const uint64_t roleMask = (role.remote ? ~(1ULL << g.rank) : 0) | (role.local ? 1ULL << g.rank : 0);
+  // Receive row of token t at rank d. Routing arrays come from other blocks of this kernel (or an
+  // earlier dispatch): read from L2, never from a line this SM's L1 may hold from before the
+  // hand-over. The layout gave the slot among its block's tokens; the rank-wide one is kept for
+  // re-dispatch (by the one lane that asks).
+  auto rowAt = [&](int t, int d, bool writer) {
+    int* slotOf = r.tokenSlot + static_cast<size_t>(t) * g.nRanks + d;
+    int slot = __ldcg(slotOf);
+    if (!cached) {
+      slot += __ldcg(g.blockBase + static_cast<size_t>(t / per) * g.nRanks + d);
+      if (writer) *slotOf = slot;
     }
-    while (mask != 0) {
-      const int d = __ffsll(static_cast<long long>(mask)) - 1;
-      mask &= mask - 1;
-      int* slotOf = r.tokenSlot + static_cast<size_t>(t) * g.nRanks + d;
-      int slot = __ldcg(slotOf);
-      if (!cached) {
-        // The layout gave the slot among its block's tokens; keep the rank-wide one for re-dispatch.
-        slot += __ldcg(g.blockBase + static_cast<size_t>(t / per) * g.nRanks + d);
-        __syncwarp();
-        if (lane == 0) *slotOf = slot;
+    return sendOffset[d] + slot;
+  };
+  // A warp takes its tokens 32 at a time: lane i looks up where token i goes first, so that no
+  // row waits on a chain of routing loads before its bytes start moving.
+  for (int t0 = role.index * (kCopyThreads / kWarp) + static_cast<int>(threadIdx.x) / kWarp; t0 < input.numTokens;
+       t0 += warps * kWarp) {
+    const int mine = t0 + lane * warps;
+    uint64_t myMask = 0;
+    int myRow = 0;
+    if (mine < input.numTokens) {
+      myMask = __ldcg(r.tokenRanks + mine) & roleMask;
+      if (myMask != 0) myRow = rowAt(mine, __ffsll(static_cast<long long>(myMask)) - 1, true);
+    }
+    for (int i = 0; i < kWarp; ++i) {
+      const int t = t0 + i * warps;
+      if (t >= input.numTokens) break;
+      uint64_t mask = __shfl_sync(0xffffffff, myMask, i);
+      const int firstRow = __shfl_sync(0xffffffff, myRow, i);
+      if (mask == 0) continue;
+      int64_t id = -1;
+      float weight = 0.0f;
+      if (lane < g.topk) {
+        // The routing's copy: a cached re-dispatch has no top-k input of its own.
+        id = __ldcg(r.topkIds + static_cast<size_t>(t) * g.topk + lane);
+        weight = __ldcg(r.topkWeights + static_cast<size_t>(t) * g.topk + lane);
       }
-      writeRow(g, input, t, d, static_cast<size_t>(__ldcg(r.sendOffset + d) + slot), id, weight, lane);
+      bool first = true;
+      while (mask != 0) {
+        const int d = __ffsll(static_cast<long long>(mask)) - 1;
+        mask &= mask - 1;
+        const int row = first ? firstRow : rowAt(t, d, lane == 0);
+        first = false;
+        writeRow(g, input, t, d, static_cast<size_t>(row), id, weight, lane);
+      }
     }
   }
   if (g.trace != nullptr) {
@@ -526,17 +554,14 @@ __device__ __noinline__ int4 expertMajorPartial(const int4* expertOutput, const 
   return floatToBf16x8(acc);
 }
 
-// Received row j came from another rank: its partial sum goes to that rank's slot for this rank,
-// then the row's flag carries the epoch (release after the warp's writes).
-__device__ __forceinline__ void sendPartial(const GroupView& g, const Routing& r, const CombineInput& in, size_t j,
-                                           uint64_t epoch, int lane) {
+// Received row j came from another rank: its partial sum goes to that rank's slot for this rank.
+// Returns the flag that tells that rank the row has landed (the caller publishes it).
+__device__ __forceinline__ uint64_t* sendPartial(const GroupView& g, const Routing& r, const CombineInput& in, size_t j,
+                                           int s, int t, uint64_t epoch, int lane) {
   const WindowLayout& L = g.layout;
   const int rowBytes = g.hidden * 2;
   const int vectors = rowBytes / 16;
-  const int* source = reinterpret_cast<const int*>(at(g, g.rank, L.recvSource));
   const float* weights = reinterpret_cast<const float*>(at(g, g.rank, L.recvWeights));
-  const int s = source[j * 2];
-  const int t = source[j * 2 + 1];
   const size_t slot = static_cast<size_t>(g.rank) * g.maxTokensPerRank + t;
   char* dst = at(g, s, L.combineX) + slot * rowBytes;
   if (!in.expertMajor) {
@@ -549,8 +574,39 @@ __device__ __forceinline__ void sendPartial(const GroupView& g, const Routing& r
     }
   }
   if (lane < g.topk) reinterpret_cast<float*>(at(g, s, L.combineWeights))[slot * g.topk + lane] = weights[j * g.topk + lane];
+  return reinterpret_cast<uint64_t*>(at(g, s, L.combineFlags)) + slot;
+}
+
+// Rows a sender warp writes before it publishes their flags: each publication waits for the
+// warp's NVLink writes to complete, so one per row would idle the warp for a round trip per row.
+constexpr int kFlagBatch = 2;
+
+// Lane i < pending holds the flag of the warp's i-th unpublished row: after the system fence
+// (every lane's, after the warp barrier) each writes its flag; the reducers' acquire pairs with it.
+__device__ __forceinline__ void publishFlags(uint64_t* flag, int pending, uint64_t epoch, int lane) {
   __syncwarp();
-  if (lane == 0) storeRelease(reinterpret_cast<uint64_t*>(at(g, s, L.combineFlags)) + slot, epoch);
+  __threadfence_system();
+  if (lane < pending) asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(flag), "l"(epoch) : "memory");
+}
+
+// Waits for a partial's flag: relaxed polls with a growing pause (hundreds of waiting warps share
+// the memory system with the ones reducing), then one system-scope acquire of the flag, after
+// which the partial's bytes are visible.
+__device__ __forceinline__ bool waitPartial(const GroupView& g, const uint64_t* flag, uint64_t epoch) {
+  if (*reinterpret_cast<const volatile uint64_t*>(flag) < epoch) {
+    const uint64_t start = globalTimerNs();
+    unsigned pause = 32;
+    while (*reinterpret_cast<const volatile uint64_t*>(flag) < epoch) {
+      if (timedOut(g)) return false;
+      if (globalTimerNs() - start > g.timeoutNs) {
+        raiseError(g.error, g.hostError, kErrorTimeout);
+        return false;
+      }
+      __nanosleep(pause);
+      pause = min(pause * 2, 256u);
+    }
+  }
+  return loadAcquire(flag) >= epoch;
 }
 
 // Token t of this rank, once the partials of its other ranks have landed: the partials summed
@@ -558,26 +614,20 @@ __device__ __forceinline__ void sendPartial(const GroupView& g, const Routing& r
 // place from the expert outputs); the top-k weights summed the same way. kUnrollV vectors per
 // lane are loaded before any is summed; the expert-major own partial is a call, so that layout
 // takes one at a time.
-template <bool kExpertMajor, int kUnrollV = kExpertMajor ? 1 : 4>
+template <bool kExpertMajor, int kUnrollV = kExpertMajor ? 1 : 2>
 __device__ __forceinline__ void reduceToken(const GroupView& g, const Routing& r, const CombineInput& in, int t,
-                                           int ownFirst, uint64_t epoch, int lane) {
+                                           uint64_t mask, size_t ownRow, uint64_t epoch, int lane) {
   const WindowLayout& L = g.layout;
   const int vectors = g.hidden * 2 / 16;
   const int4* partials = reinterpret_cast<const int4*>(at(g, g.rank, L.combineX));
   const float* partialWeights = reinterpret_cast<const float*>(at(g, g.rank, L.combineWeights));
   const uint64_t* flags = reinterpret_cast<const uint64_t*>(at(g, g.rank, L.combineFlags));
   const float* ownWeights = reinterpret_cast<const float*>(at(g, g.rank, L.recvWeights));
-  const uint64_t mask = __ldcg(r.tokenRanks + t);
   const uint64_t own = 1ULL << g.rank;
   for (uint64_t m = mask & ~own; m != 0; m &= m - 1) {
     const int s = __ffsll(static_cast<long long>(m)) - 1;
-    if (!waitEpoch(flags + static_cast<size_t>(s) * g.maxTokensPerRank + t, epoch, g.timeoutNs, g.error, g.hostError,
-                   kErrorTimeout)) {
-      return;
-    }
+    if (!waitPartial(g, flags + static_cast<size_t>(s) * g.maxTokensPerRank + t, epoch)) return;
   }
-  const size_t ownRow =
-      (mask & own) != 0 ? static_cast<size_t>(ownFirst + __ldcg(r.tokenSlot + static_cast<size_t>(t) * g.nRanks + g.rank)) : 0;
   const int4* ownOutput = static_cast<const int4*>(in.expertOutput) + ownRow * vectors;  // rank-major only
   int4* out = reinterpret_cast<int4*>(in.combinedX) + static_cast<size_t>(t) * vectors;
   auto load = [&](int s, int v) {
@@ -659,7 +709,7 @@ __device__ __forceinline__ void reduceToken(const GroupView& g, const Routing& r
 // combine (their partial buffers are free); remote blocks then push partial sums to the tokens'
 // ranks, each row followed by its flag; the other blocks reduce this rank's tokens as their
 // partials land, computing this rank's own partial in place instead of copying it.
-__global__ void __launch_bounds__(kCopyThreads) combineKernel(GroupView g, Routing r, CombineInput in) {
+__global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Routing r, CombineInput in) {
   __shared__ uint64_t epochShared;
   traceStart(g);
   if (threadIdx.x == 0) epochShared = g.epochs->combine + 1;
@@ -680,15 +730,39 @@ __global__ void __launch_bounds__(kCopyThreads) combineKernel(GroupView g, Routi
   for (int s = 0; s < g.rank; ++s) ownFirst += r.recvRowsPerRank[s];
   const int lane = threadIdx.x % kWarp;
   const int warpInBlock = static_cast<int>(threadIdx.x) / kWarp;
-  const int warps = role.count * (kCopyThreads / kWarp);
+  const int warps = role.count * (kCombineThreads / kWarp);
   if (role.remote) {
     if (threadIdx.x == 0) waitGo(g, &g.sync->combineGo, epoch);
     __syncthreads();
     if (timedOut(g)) return;
     const int ownRows = r.recvRowsPerRank[g.rank];
     const int rows = *r.numRecvRows - ownRows;
-    for (int i = role.index * (kCopyThreads / kWarp) + warpInBlock; i < rows; i += warps) {
-      sendPartial(g, r, in, static_cast<size_t>(i < ownFirst ? i : i + ownRows), epoch, lane);
+    const int* source = reinterpret_cast<const int*>(at(g, g.rank, g.layout.recvSource));
+    // Rows in ascending order over the warps (the reducers wait in token order), 32 at a time per
+    // warp with lane k looking up row k's source first.
+    for (int i0 = role.index * (kCombineThreads / kWarp) + warpInBlock; i0 < rows; i0 += warps * kWarp) {
+      const int mine = i0 + lane * warps;
+      int mySource = 0, myToken = 0;
+      if (mine < rows) {
+        const size_t j = static_cast<size_t>(mine < ownFirst ? mine : mine + ownRows);
+        mySource = source[j * 2];
+        myToken = source[j * 2 + 1];
+      }
+      uint64_t* pendingFlag = nullptr;
+      int pending = 0;
+      for (int k = 0; k < kWarp; ++k) {
+        const int i = i0 + k * warps;
+        if (i >= rows) break;
+        const int s = __shfl_sync(0xffffffff, mySource, k);
+        const int t = __shfl_sync(0xffffffff, myToken, k);
+        uint64_t* flag = sendPartial(g, r, in, static_cast<size_t>(i < ownFirst ? i : i + ownRows), s, t, epoch, lane);
+        if (lane == pending) pendingFlag = flag;
+        if (++pending == kFlagBatch) {
+          publishFlags(pendingFlag, pending, epoch, lane);
+          pending = 0;
+        }
+      }
+      if (pending > 0) publishFlags(pendingFlag, pending, epoch, lane);
     }
     if (g.trace != nullptr) {
       __syncthreads();
@@ -696,9 +770,23 @@ __global__ void __launch_bounds__(kCopyThreads) combineKernel(GroupView g, Routi
     }
   }
   if (role.local) {
-    for (int t = role.index * (kCopyThreads / kWarp) + warpInBlock; t < r.numTokens; t += warps) {
-      if (in.expertMajor) reduceToken<true>(g, r, in, t, ownFirst, epoch, lane);
-      else reduceToken<false>(g, r, in, t, ownFirst, epoch, lane);
+    // Tokens 32 at a time per warp: lane k looks up token k's ranks and own row first.
+    for (int t0 = role.index * (kCombineThreads / kWarp) + warpInBlock; t0 < r.numTokens; t0 += warps * kWarp) {
+      const int mine = t0 + lane * warps;
+      uint64_t myMask = 0;
+      int myOwnRow = 0;
+      if (mine < r.numTokens) {
+        myMask = __ldcg(r.tokenRanks + mine);
+        if ((myMask >> g.rank) & 1ULL) myOwnRow = ownFirst + __ldcg(r.tokenSlot + static_cast<size_t>(mine) * g.nRanks + g.rank);
+      }
+      for (int k = 0; k < kWarp; ++k) {
+        const int t = t0 + k * warps;
+        if (t >= r.numTokens) break;
+        const uint64_t mask = __shfl_sync(0xffffffff, myMask, k);
+        const size_t ownRow = static_cast<size_t>(__shfl_sync(0xffffffff, myOwnRow, k));
+        if (in.expertMajor) reduceToken<true>(g, r, in, t, mask, ownRow, epoch, lane);
+        else reduceToken<false>(g, r, in, t, mask, ownRow, epoch, lane);
+      }
     }
     if (g.trace != nullptr) {
       __syncthreads();
@@ -727,7 +815,7 @@ cudaError_t launchExpand(const GroupView& group, const Routing& routing, Payload
 
 cudaError_t launchCombine(const GroupView& group, const Routing& routing, const CombineInput& input, int numBlocks,
                           cudaStream_t stream) {
-  combineKernel<<<numBlocks, kCopyThreads, 0, stream>>>(group, routing, input);
+  combineKernel<<<numBlocks, kCombineThreads, 0, stream>>>(group, routing, input);
   return cudaGetLastError();
 }
 
