@@ -80,30 +80,38 @@ __device__ __forceinline__ void warpCopy(char* dst, const char* src, int bytes, 
 
 // ---- grid hand-over and peer handshakes ---------------------------------------------------
 
-// Blocks of one kernel are all resident (grid <= SM count, one block per SM), so they can wait
-// for each other. Every wait is bounded and gives up once any wait of the group has timed out.
-__device__ __forceinline__ bool waitGo(const GroupView& g, const uint64_t* word, uint64_t epoch) {
+// Spins until `ready()` (a relaxed read of the awaited word), bounded by the group's timeout:
+// false on timeout (raising it) or as soon as another wait of the group has timed out. kPause
+// sleeps between polls (32 ns growing to 256 ns) where many warps wait at once.
+template <bool kPause, typename Ready>
+__device__ __forceinline__ bool waitUntil(const GroupView& g, Ready ready) {
+  if (ready()) return true;
   const uint64_t start = globalTimerNs();
-  while (*reinterpret_cast<const volatile uint64_t*>(word) < epoch) {
+  unsigned pause = 32;
+  while (!ready()) {
     if (timedOut(g)) return false;
     if (globalTimerNs() - start > g.timeoutNs) {
       raiseError(g.error, g.hostError, kErrorTimeout);
       return false;
     }
+    if (kPause) {
+      __nanosleep(pause);
+      pause = min(pause * 2, 256u);
+    }
   }
-  __threadfence();  // what the setter wrote before the word is read after it
+  return true;
+}
+
+// Blocks of one kernel are all resident (grid <= SM count, one block per SM), so they can wait
+// for each other; the fence after the wait makes what the setter wrote before the word visible.
+__device__ __forceinline__ bool waitGo(const GroupView& g, const uint64_t* word, uint64_t epoch) {
+  if (!waitUntil<false>(g, [&] { return *reinterpret_cast<const volatile uint64_t*>(word) >= epoch; })) return false;
+  __threadfence();
   return true;
 }
 
 __device__ __forceinline__ bool waitCount(const GroupView& g, const unsigned* word, unsigned count) {
-  const uint64_t start = globalTimerNs();
-  while (*reinterpret_cast<const volatile unsigned*>(word) < count) {
-    if (timedOut(g)) return false;
-    if (globalTimerNs() - start > g.timeoutNs) {
-      raiseError(g.error, g.hostError, kErrorTimeout);
-      return false;
-    }
-  }
+  if (!waitUntil<false>(g, [&] { return *reinterpret_cast<const volatile unsigned*>(word) >= count; })) return false;
   __threadfence();
   return true;
 }
@@ -593,19 +601,7 @@ __device__ __forceinline__ void publishFlags(uint64_t* flag, int pending, uint64
 // the memory system with the ones reducing), then one system-scope acquire of the flag, after
 // which the partial's bytes are visible.
 __device__ __forceinline__ bool waitPartial(const GroupView& g, const uint64_t* flag, uint64_t epoch) {
-  if (*reinterpret_cast<const volatile uint64_t*>(flag) < epoch) {
-    const uint64_t start = globalTimerNs();
-    unsigned pause = 32;
-    while (*reinterpret_cast<const volatile uint64_t*>(flag) < epoch) {
-      if (timedOut(g)) return false;
-      if (globalTimerNs() - start > g.timeoutNs) {
-        raiseError(g.error, g.hostError, kErrorTimeout);
-        return false;
-      }
-      __nanosleep(pause);
-      pause = min(pause * 2, 256u);
-    }
-  }
+  if (!waitUntil<true>(g, [&] { return *reinterpret_cast<const volatile uint64_t*>(flag) >= epoch; })) return false;
   return loadAcquire(flag) >= epoch;
 }
 
