@@ -136,8 +136,6 @@ Result RoutingBuffers::allocate(const kep::GroupView& view) {
     routing.tokenSlot = carve.take<int>(static_cast<size_t>(tokens) * n);
     routing.topkIds = carve.take<int>(static_cast<size_t>(tokens) * view.topk);
     routing.topkWeights = carve.take<float>(static_cast<size_t>(tokens) * view.topk);
-    routing.sendCounts = carve.take<int>(n);
-    routing.sendExpertCounts = carve.take<int>(view.numExperts);
     routing.sendOffset = carve.take<int>(n);
     routing.recvRowsPerRank = carve.take<int>(n);
     routing.recvRowsPerExpert = carve.take<int>(view.numLocalExperts);

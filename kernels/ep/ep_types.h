@@ -116,8 +116,6 @@ struct Routing {
   int* tokenSlot;            // [maxTokens][nRanks]: index among this rank's tokens for that destination
   int* topkIds;              // [maxTokens][topk]: validated global expert ids (cached re-dispatch needs them)
   float* topkWeights;        // [maxTokens][topk]
-  int* sendCounts;           // [nRanks]
-  int* sendExpertCounts;     // [numExperts]: (token, k) selections per global expert
   int* sendOffset;           // [nRanks]: first row this rank writes at each destination
   int* recvRowsPerRank;      // [nRanks]
   int* recvRowsPerExpert;    // [numLocalExperts]

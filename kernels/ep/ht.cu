@@ -284,8 +284,6 @@ __device__ void exchangeCounts(const GroupView& g, const Routing& r, uint64_t ep
       // No store between the loads: they can all be in flight at once.
       for (int b = 0; b < blocks; ++b) sum += __ldcg(g.blockCounts + static_cast<size_t>(b) * rowInts + i);
     }
-    if (i < g.nRanks) r.sendCounts[i] = sum;
-    else r.sendExpertCounts[i - g.nRanks] = sum;
     for (int p = 0; p < g.nRanks; ++p) {
       reinterpret_cast<int*>(at(g, p, g.layout.countRows))[static_cast<size_t>(g.rank) * rowInts + i] = sum;
     }
