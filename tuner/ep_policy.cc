@@ -13,6 +13,15 @@ constexpr double kPeerStoreGBpsPerSm = 37.0;
 constexpr double kLocalStoreGBpsPerSm = 63.0;
 constexpr double kLinkEfficiency = 0.78;
 constexpr double kMargin = 1.25;  // SMs also wait on loads and signals
+// Plain copies measured per SM on H200 (GB/s): into a peer over NVLink, and within HBM; and the
+// SMs that already saturate one GPU's NVLink (8 SMs push ~330 GB/s, as fast as 16 or 24).
+constexpr double kRemoteCopyGBpsPerSm = 45.0;
+constexpr double kLocalCopyGBpsPerSm = 39.0;
+constexpr int kSmsToSaturateNvlink = 8;
+// Combine's senders publish a flag every few rows and its reducers need as many SMs as it can
+// spare: 9 senders of 24 SMs measured best on 2 x H200 (216 us; 10 and 11 sent sooner but left
+// the reducers behind, 234 and 242 us).
+constexpr int kCombineSenderSms = 9;
 constexpr int kMinSms = 4;
 constexpr int kMaxSms = 24;
 constexpr double kUnknownLinkGBps = 450.0;  // an NVLink 4 GPU with 18 links
@@ -33,6 +42,18 @@ int epHighThroughputSms(const EpSmQuery& query) {
   sms = std::clamp(sms, kMinSms, kMaxSms);
   if (query.deviceSms > 0) sms = std::min(sms, query.deviceSms);
   return sms;
+}
+
+int epRemoteBlocks(EpOp op, int nRanks, int blocks) {
+  if (nRanks <= 1 || blocks <= 0) return 0;
+  if (blocks == 1) return 1;
+  // The share that makes both parts finish together ((n-1)/n of the bytes are remote), capped
+  // where more remote SMs stop paying, at least one block each.
+  const double remoteTime = (nRanks - 1) / kRemoteCopyGBpsPerSm;
+  const double localTime = 1.0 / kLocalCopyGBpsPerSm;
+  int remote = static_cast<int>(std::lround(blocks * remoteTime / (remoteTime + localTime)));
+  remote = std::min(remote, op == EpOp::kDispatch ? kSmsToSaturateNvlink : kCombineSenderSms);
+  return std::clamp(remote, 1, blocks - 1);
 }
 
 }  // namespace unifab::tuner

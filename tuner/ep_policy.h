@@ -16,4 +16,11 @@ struct EpSmQuery {
 // (the budget DeepEP and its peers are measured with) and the device's count.
 int epHighThroughputSms(const EpSmQuery& query);
 
+enum class EpOp { kDispatch, kCombine };
+
+// Of a call's `blocks` (one per SM), how many write the rows that cross NVLink; the others write
+// this rank's own rows (dispatch) or reduce this rank's tokens (combine). 0 when every row is
+// local (one rank); `blocks` when a single block must do both.
+int epRemoteBlocks(EpOp op, int nRanks, int blocks);
+
 }  // namespace unifab::tuner

@@ -468,7 +468,10 @@ Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t str
   input.topkIdxIs32 = a.topkIdxType == unifabEpIndexInt32;
   input.topkWeights = a.topkWeights;
 
-  UF_CUDA_CHECK(kep::launchDispatch(view_, input, r, cached, smsFor(a.numSms), stream));
+  const int blocks = smsFor(a.numSms);
+  UF_CUDA_CHECK(kep::launchDispatch(view_, input, r, cached, blocks,
+                                    unifab::tuner::epRemoteBlocks(unifab::tuner::EpOp::kDispatch, view_.nRanks, blocks),
+                                    stream));
   const bool expertMajor = a.layout == unifabEpExpertMajor;
   if (expertMajor) {
     UF_CUDA_CHECK(cudaMemsetAsync(r.expertSlot, 0xff, sizeof(int) * view_.layout.recvCapacity * view_.topk, stream));
@@ -544,6 +547,9 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
   input.combinedX = a.combinedX;
   input.combinedWeights = a.combinedWeights;
   const kep::Routing& r = handle->buffers->routing;
-  UF_CUDA_CHECK(kep::launchCombine(view_, r, input, smsFor(a.numSms), stream));
+  const int blocks = smsFor(a.numSms);
+  UF_CUDA_CHECK(kep::launchCombine(view_, r, input, blocks,
+                                   unifab::tuner::epRemoteBlocks(unifab::tuner::EpOp::kCombine, view_.nRanks, blocks),
+                                   stream));
   return unifabSuccess;
 }

@@ -171,27 +171,12 @@ struct Role {
   int index, count;  // this block among the blocks of its role
 };
 
-// Measured per-SM copy rates on H200 (GB/s): into a peer over NVLink, and within HBM; and the SMs
-// that already saturate one GPU's NVLink (8 SMs push ~330 GB/s, as fast as 16 or 24).
-constexpr int kRemoteGBpsPerSm = 45;
-constexpr int kLocalGBpsPerSm = 39;
-constexpr int kSmsToSaturateNvlink = 8;
-// Combine's senders publish a flag every kFlagBatch rows, and its reducers need as many SMs as
-// it can spare: 9 senders of 24 SMs measured best on 2 x H200 (216 us; 10 and 11 sent sooner
-// but left the reducers behind, 234 and 242 us).
-constexpr int kCombineSenderSms = 9;
-
-// Remote blocks get the share that makes both parts finish together ((n-1)/n of the bytes are
-// remote), capped at `maxRemote`; at least one block each.
-__device__ __forceinline__ Role blockRole(int nRanks, int maxRemote) {
+// The first `remoteBlocks` blocks take the remote rows (the split is the tuner's, epRemoteBlocks):
+// 0 = every row is local; equal to the grid = one block does both.
+__device__ __forceinline__ Role blockRole(int remoteBlocks) {
   const int blocks = gridDim.x, b = blockIdx.x;
-  if (nRanks == 1) return {false, true, b, blocks};
-  if (blocks == 1) return {true, true, 0, 1};
-  const float remoteTime = static_cast<float>(nRanks - 1) / kRemoteGBpsPerSm;
-  const float localTime = 1.0f / kLocalGBpsPerSm;
-  int remoteBlocks = __float2int_rn(blocks * remoteTime / (remoteTime + localTime));
-  remoteBlocks = min(remoteBlocks, maxRemote);
-  remoteBlocks = max(1, min(remoteBlocks, blocks - 1));
+  if (remoteBlocks <= 0) return {false, true, b, blocks};
+  if (remoteBlocks >= blocks) return {true, true, b, blocks};
   if (b < remoteBlocks) return {true, false, b, remoteBlocks};
   return {false, true, b - remoteBlocks, blocks - remoteBlocks};
 }
@@ -360,7 +345,7 @@ __device__ __forceinline__ void writeRow(const GroupView& g, const DispatchInput
 // One kernel per dispatch: layout (unless cached), count exchange and start handshake by block 0,
 // payload by every block, end handshake by the last block to finish.
 __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, DispatchInput input, Routing r,
-                                                               bool cached) {
+                                                               bool cached, int remoteBlocks) {
   __shared__ uint64_t epochShared;
   traceStart(g);
   if (threadIdx.x == 0) epochShared = g.epochs->dispatch + 1;
@@ -392,7 +377,7 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
       atomicAdd(&g.sync->arrived, 1u);
     }
   }
-  const Role role = blockRole(g.nRanks, kSmsToSaturateNvlink);
+  const Role role = blockRole(remoteBlocks);
   // A cached dispatch's local rows need nothing from the handshake; everything else does.
   if (!cached || role.remote) {
     if (threadIdx.x == 0) waitGo(g, &g.sync->dispatchGo, epoch);
@@ -703,7 +688,8 @@ __device__ __forceinline__ void reduceToken(const GroupView& g, const Routing& r
 // combine (their partial buffers are free); remote blocks then push partial sums to the tokens'
 // ranks, each row followed by its flag; the other blocks reduce this rank's tokens as their
 // partials land, computing this rank's own partial in place instead of copying it.
-__global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Routing r, CombineInput in) {
+__global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Routing r, CombineInput in,
+                                                                   int remoteBlocks) {
   __shared__ uint64_t epochShared;
   traceStart(g);
   if (threadIdx.x == 0) epochShared = g.epochs->combine + 1;
@@ -719,7 +705,7 @@ __global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Ro
       *reinterpret_cast<volatile uint64_t*>(&g.sync->combineGo) = epoch;
     }
   }
-  const Role role = blockRole(g.nRanks, kCombineSenderSms);
+  const Role role = blockRole(remoteBlocks);
   int ownFirst = 0;  // received rows are grouped by source rank: this rank's own rows are one range
   for (int s = 0; s < g.rank; ++s) ownFirst += r.recvRowsPerRank[s];
   const int lane = threadIdx.x % kWarp;
@@ -796,8 +782,8 @@ __global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Ro
 }  // namespace
 
 cudaError_t launchDispatch(const GroupView& group, const DispatchInput& input, const Routing& routing, bool cached,
-                           int numBlocks, cudaStream_t stream) {
-  dispatchKernel<<<numBlocks, kCopyThreads, 0, stream>>>(group, input, routing, cached);
+                           int numBlocks, int remoteBlocks, cudaStream_t stream) {
+  dispatchKernel<<<numBlocks, kCopyThreads, 0, stream>>>(group, input, routing, cached, remoteBlocks);
   return cudaGetLastError();
 }
 
@@ -808,8 +794,8 @@ cudaError_t launchExpand(const GroupView& group, const Routing& routing, Payload
 }
 
 cudaError_t launchCombine(const GroupView& group, const Routing& routing, const CombineInput& input, int numBlocks,
-                          cudaStream_t stream) {
-  combineKernel<<<numBlocks, kCombineThreads, 0, stream>>>(group, routing, input);
+                          int remoteBlocks, cudaStream_t stream) {
+  combineKernel<<<numBlocks, kCombineThreads, 0, stream>>>(group, routing, input, remoteBlocks);
   return cudaGetLastError();
 }
 

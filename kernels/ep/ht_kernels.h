@@ -45,15 +45,17 @@ struct CombineInput {
 
 // One dispatch, one kernel on `numBlocks` SMs (at most GroupView::maxBlocks): the layout of the
 // tokens (skipped when `cached`: the routing holds it), the exchange of counts with every rank,
-// every token written once into each destination rank's receive rows, and a done handshake.
+// every token written once into each destination rank's receive rows (the first `remoteBlocks`
+// blocks write the rows for other ranks; 0: none, numBlocks: one block does both), and a done
+// handshake.
 cudaError_t launchDispatch(const GroupView& group, const DispatchInput& input, const Routing& routing, bool cached,
-                           int numBlocks, cudaStream_t stream);
+                           int numBlocks, int remoteBlocks, cudaStream_t stream);
 // Rank-major rows -> expert-major rows (one per (token, local expert)), aligned expert regions.
 cudaError_t launchExpand(const GroupView& group, const Routing& routing, Payload dtype, const ExpertMajorRows& rows,
                          cudaStream_t stream);
-// One combine, one kernel: partial sums pushed to the tokens' ranks, a done handshake, and the
-// reduction over ranks of this rank's tokens.
+// One combine, one kernel: the first `remoteBlocks` blocks push partial sums to the tokens' ranks,
+// the others reduce this rank's tokens as the partials land.
 cudaError_t launchCombine(const GroupView& group, const Routing& routing, const CombineInput& input, int numBlocks,
-                          cudaStream_t stream);
+                          int remoteBlocks, cudaStream_t stream);
 
 }  // namespace unifab::kernels::ep

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tests/unit/log_capture.h"
+#include "tuner/ep_policy.h"
 #include "tuner/tuner.h"
 
 using namespace unifab::tuner;
@@ -360,3 +361,33 @@ TEST(Rules, MatchingHonoursEveryCondition) {
 }
 
 }  // namespace
+
+// The EP SM budget and its split between NVLink and local work, as measured best on 2 x H200
+// (docs/benchmarks/ep-ht.md): 24 SMs for two ranks; 8 of them write remote dispatch rows, 9 send
+// combine partials.
+TEST(EpPolicy, TwoRankH200SplitsAsMeasured) {
+  unifab::tuner::EpSmQuery query;
+  query.nRanks = 2;
+  query.deviceSms = 132;
+  query.nvlinkGBps = 450;
+  EXPECT_EQ(unifab::tuner::epHighThroughputSms(query), 24);
+  using unifab::tuner::EpOp;
+  EXPECT_EQ(unifab::tuner::epRemoteBlocks(EpOp::kDispatch, 2, 24), 8);
+  EXPECT_EQ(unifab::tuner::epRemoteBlocks(EpOp::kCombine, 2, 24), 9);
+  EXPECT_EQ(unifab::tuner::epRemoteBlocks(EpOp::kCombine, 2, 12), 6);
+}
+
+TEST(EpPolicy, EveryBlockCountLeavesWorkForBothRoles) {
+  using unifab::tuner::EpOp;
+  for (EpOp op : {EpOp::kDispatch, EpOp::kCombine}) {
+    EXPECT_EQ(unifab::tuner::epRemoteBlocks(op, 1, 24), 0);  // one rank: every row is local
+    EXPECT_EQ(unifab::tuner::epRemoteBlocks(op, 2, 1), 1);   // one block does both
+    for (int ranks : {2, 4, 8, 64}) {
+      for (int blocks = 2; blocks <= 132; ++blocks) {
+        const int remote = unifab::tuner::epRemoteBlocks(op, ranks, blocks);
+        EXPECT_GE(remote, 1) << ranks << " ranks, " << blocks << " blocks";
+        EXPECT_LE(remote, blocks - 1) << ranks << " ranks, " << blocks << " blocks";
+      }
+    }
+  }
+}
