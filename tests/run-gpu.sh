@@ -2,7 +2,7 @@
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
 # and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
-#   tests/run-gpu.sh [tests] [bench] [ep] [epsweep] [sanitize] [sweep]   default: tests bench ep
+#   tests/run-gpu.sh [tests] [bench] [ep] [epsweep] [trace] [sanitize] [sweep]   default: tests bench ep
 # The machines are shared virtual machines whose loopback TCP speed changes from minute to
 # minute, so every comparison runs its contenders interleaved, several times, and reports the
 # median over the repetitions.
@@ -122,6 +122,17 @@ for step in $steps; do
         "$bench" ep --mode ht --dtype $dtype --sms $sms --ops dispatch,cached,combine --iters 30 --warmup 5 \
           --csv "$logs/ep-sweep-$dtype-$sms.csv" >"$logs/ep-sweep-$dtype-$sms.txt" 2>&1 || failed=1
         grep -E "^  (dispatch|combine)" "$logs/ep-sweep-$dtype-$sms.txt" | sed "s/^/$dtype $sms SMs: /" | tee -a "$summary"
+      done
+    done
+    ;;
+  trace)
+    say "== UNIFAB_EP_TRACE=1: phase ends per op alone (means over every call, warm-up included)"
+    for dtype in bf16 fp8; do
+      for ops in empty cached dispatch combine; do
+        UNIFAB_EP_TRACE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "$bench" ep --mode ht --dtype $dtype --ops $ops \
+          --iters 30 --warmup 5 >"$logs/ep-trace-$dtype-$ops.txt" 2>&1 || failed=1
+        grep -E "^  (dispatch|combine)" "$logs/ep-trace-$dtype-$ops.txt" | sed "s/^/$dtype $ops: /" | tee -a "$summary"
+        grep -o -E "EP trace rank 0: .*" "$logs/ep-trace-$dtype-$ops.txt" | grep -v "mean of 0)" | sed "s/^/  /" | tee -a "$summary"
       done
     done
     ;;

@@ -137,6 +137,8 @@ Result RoutingBuffers::allocate(const kep::GroupView& view) {
     routing.topkIds = carve.take<int>(static_cast<size_t>(tokens) * view.topk);
     routing.topkWeights = carve.take<float>(static_cast<size_t>(tokens) * view.topk);
     routing.sendOffset = carve.take<int>(n);
+    routing.sendRows = carve.take<int>(n);
+    routing.sendTokens = carve.take<int>(static_cast<size_t>(tokens) * n);
     routing.recvRowsPerRank = carve.take<int>(n);
     routing.recvRowsPerExpert = carve.take<int>(view.numLocalExperts);
     routing.expertOffsets = carve.take<int>(view.numLocalExperts + 1);
@@ -184,12 +186,12 @@ Result unifabEpGroup::planLayout(const unifabEpConfig_t& config, int nRanks, kep
   UF_CHECK(unifab::collectives::ep::validateConfig(config, nRanks));
   kep::WindowLayout L{};
   L.recvCapacity = nRanks * config.maxTokensPerRank;
-  L.countRowInts = nRanks + config.numExperts;
+  L.countRowWords = nRanks + config.numExperts / nRanks;
   L.rowBytes = config.hidden * 2;
   const size_t cap = static_cast<size_t>(L.recvCapacity);
   unifab::collectives::ep::Carver window(nullptr);  // offsets only: the window is allocated by NCCL
   L.control = window.reserve(sizeof(kep::Control));
-  L.countRows = window.reserve(sizeof(int) * static_cast<size_t>(nRanks) * L.countRowInts);
+  L.countWords = window.reserve(sizeof(uint64_t) * static_cast<size_t>(nRanks) * L.countRowWords);
   L.recvX = window.reserve(cap * L.rowBytes);
   L.recvScales = window.reserve(sizeof(float) * cap * (config.hidden / kep::kScaleBlock));
   L.recvTopk = window.reserve(sizeof(int) * cap * config.topk);
@@ -244,7 +246,9 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   v.timeoutNs = static_cast<uint64_t>(unifab::params().epTimeoutMs) * 1000000ULL;
 
   UF_CUDA_CHECK(cudaDeviceGetAttribute(&group->deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
-  v.maxBlocks = group->deviceSms_;  // validateSms keeps every call's block count at or below it
+  // validateSms keeps every call's block count at or below it.
+  group->deviceSms_ = std::min(group->deviceSms_, kep::kMaxBlocks);
+  v.maxBlocks = group->deviceSms_;
 
   // Counters and the expert-major copy live in ordinary device memory: only this GPU touches them.
   const int expertCapacity = unifab::collectives::ep::expertRowCapacity(config, dc.nRanks());
@@ -253,8 +257,10 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   UF_CHECK(unifab::collectives::ep::allocateCarved(&group->deviceMemory_, [&](unifab::collectives::ep::Carver& carve) {
     v.epochs = carve.take<kep::Epochs>(1);
     v.sync = carve.take<kep::GridSync>(1);
-    v.blockCounts = carve.take<int>(static_cast<size_t>(v.maxBlocks) * layout.countRowInts);
+    v.blockCounts = carve.take<int>(static_cast<size_t>(v.maxBlocks) * (v.nRanks + v.numExperts));
     v.blockBase = carve.take<int>(static_cast<size_t>(v.maxBlocks) * v.nRanks);
+    v.blockTokenStride = v.maxTokensPerRank + v.maxBlocks;
+    v.blockTokens = carve.take<int>(static_cast<size_t>(v.nRanks) * v.blockTokenStride);
     v.error = carve.take<int>(1);
     v.trace = unifab::params().epTrace ? carve.take<unsigned long long>(2 * kep::kTracePoints) : nullptr;
     rows.x = carve.take<char>(cap * layout.rowBytes);

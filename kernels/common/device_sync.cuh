@@ -17,6 +17,17 @@ __device__ __forceinline__ void storeRelease(uint64_t* address, uint64_t value) 
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
 }
 
+// Single-copy atomic 64-bit accesses with no ordering: for words that carry their own epoch.
+__device__ __forceinline__ void storeRelaxed(uint64_t* address, uint64_t value) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
+}
+
+__device__ __forceinline__ uint64_t loadRelaxed(const uint64_t* address) {
+  uint64_t value;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
+  return value;
+}
+
 __device__ __forceinline__ uint64_t loadAcquire(const uint64_t* address) {
   uint64_t value;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");

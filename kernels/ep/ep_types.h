@@ -18,11 +18,11 @@ constexpr int kMaxRanks = 64;        // ranks of one EP group (one bit each in a
 constexpr int kMaxTopk = 32;
 constexpr int kMaxExperts = 1024;    // global experts
 constexpr int kScaleBlock = 128;     // FP8 values per float scale
+constexpr int kMaxBlocks = 256;      // blocks of one EP kernel (at most one per SM)
 
 // Per-rank control words in the window. Every word is written by one peer and read by its owner;
 // values are epochs (call counts), so they only grow and never need resetting.
 struct Control {
-  uint64_t dispatchStart[kMaxRanks];   // source s entered dispatch #epoch (its count row is written)
   uint64_t dispatchDone[kMaxRanks];    // source s finished writing dispatch #epoch into us
   uint64_t combineStart[kMaxRanks];    // source s entered combine #epoch (our partial buffers are free)
   uint64_t combineDone[kMaxRanks];     // source s finished writing combine #epoch into us
@@ -31,7 +31,7 @@ struct Control {
 // Byte offsets into the window (identical on all ranks) and the sizes they were made for.
 struct WindowLayout {
   size_t control;        // Control
-  size_t countRows;      // int [nRanks][countRowInts]: row s = what rank s sends (per rank, per expert)
+  size_t countWords;     // uint64 [nRanks][countRowWords]: row s = what rank s sends us, tagged (countWord)
   size_t recvX;          // [recvCapacity][rowBytes]: rank-major received payloads
   size_t recvScales;     // float [recvCapacity][hidden / kScaleBlock]
   size_t recvTopk;       // int [recvCapacity][topk]: local expert ids, -1 elsewhere
@@ -42,9 +42,19 @@ struct WindowLayout {
   size_t combineFlags;   // uint64 [nRanks][maxTokens]: combine epoch whose partial from rank s for token t landed
   size_t total;
   int recvCapacity;      // nRanks * maxTokensPerRank
-  int countRowInts;      // nRanks + numExperts
+  int countRowWords;     // nRanks (rows to each rank) + numLocalExperts (rows for each of our experts)
   int rowBytes;          // hidden * 2: the largest payload row (BF16)
 };
+
+// A count row word carries its dispatch's epoch (low 32 bits) with the count, so one relaxed
+// 64-bit store is both the data and its arrival flag: the start of a dispatch needs no fence.
+UNIFAB_HOST_DEVICE inline uint64_t countWord(uint64_t epoch, int count) {
+  return (epoch << 32) | static_cast<uint32_t>(count);
+}
+UNIFAB_HOST_DEVICE inline bool countWordIsFrom(uint64_t word, uint64_t epoch) {
+  return static_cast<uint32_t>(word >> 32) == static_cast<uint32_t>(epoch);
+}
+UNIFAB_HOST_DEVICE inline int countOf(uint64_t word) { return static_cast<int>(static_cast<uint32_t>(word)); }
 
 // Call counters of this rank (device memory). All ranks run the same sequence of calls, so the
 // n-th exchange, dispatch and combine carry the same epoch everywhere.
@@ -94,6 +104,9 @@ struct GroupView {
   GridSync* sync;
   int* blockCounts;           // [maxBlocks][nRanks + numExperts]: what each block's token range sends
   int* blockBase;             // [maxBlocks][nRanks]: first slot of each block's tokens per destination
+  int* blockTokens;           // [nRanks][blockTokenStride]: layout block b's tokens for rank d from b * (its
+                              // token count) on, in token order (a dispatch's slot j finds its token here)
+  int blockTokenStride;       // maxTokensPerRank + maxBlocks
   int maxBlocks;              // the most blocks a kernel of the group runs (the GPU's SM count)
   unsigned long long* trace;  // [2][kTracePoints] (sums, counts) or null: UNIFAB_EP_TRACE
   int* error;                 // device memory: read by every kernel, so it must not cross PCIe
@@ -114,6 +127,9 @@ struct Routing {
   int numTokens;
   uint64_t* tokenRanks;      // [maxTokens]: bit r = token goes to rank r
   int* tokenSlot;            // [maxTokens][nRanks]: index among this rank's tokens for that destination
+                             // (valid where the token's rank bit is set)
+  int* sendRows;             // [nRanks]: rows this rank sends to each rank
+  int* sendTokens;           // [nRanks][maxTokens]: token of each of those rows, in slot order
   int* topkIds;              // [maxTokens][topk]: validated global expert ids (cached re-dispatch needs them)
   float* topkWeights;        // [maxTokens][topk]
   int* sendOffset;           // [nRanks]: first row this rank writes at each destination

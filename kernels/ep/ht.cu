@@ -61,8 +61,8 @@ __device__ __forceinline__ int64_t loadExpert(const void* topkIdx, bool is32, si
 }
 
 // Copies `bytes` (a multiple of 16) with every lane of the warp keeping kUnroll vectors in flight.
-// (A predicated last round instead of the vector-at-a-time tail measured no faster: the tail's
-// loads are independent and overlap anyway.)
+// (A masked full last round instead of the vector-at-a-time tail measured no faster in a plain
+// copy, and here it spills: dispatch and combine run at their register limits.)
 __device__ __forceinline__ void warpCopy(char* dst, const char* src, int bytes, int lane) {
   const int4* in = reinterpret_cast<const int4*>(src);
   int4* out = reinterpret_cast<int4*>(dst);
@@ -193,9 +193,9 @@ __device__ __forceinline__ int tokensPerBlock(int numTokens) {
 // checked by consecutive threads (coalesced), then each token's thread reads its own from here.
 constexpr int kLayoutEntries = 8192;
 
-// Layout of this block's token range: destination ranks of every token, its slot among the
-// block's tokens for each destination, validated ids and weights kept for combine and cached
-// re-dispatch, and the block's per-rank and per-expert counts for block 0 to sum.
+// Layout of this block's token range: destination ranks of every token, the block's tokens for
+// each destination in order, validated ids and weights kept for combine and cached re-dispatch,
+// and the block's per-rank and per-expert counts for block 0 to sum.
 __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, const Routing& r) {
   __shared__ int destCount[kMaxRanks];
   __shared__ int expertCount[kMaxExperts];
@@ -241,7 +241,7 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
       const int bit = static_cast<int>((mask >> d) & 1ULL);
       int total = 0;
       const int prefix = blockExclusiveScan<kCopyThreads>(bit, &total);
-      if (local < tokens) r.tokenSlot[static_cast<size_t>(t) * g.nRanks + d] = bit ? destCount[d] + prefix : -1;
+      if (bit) g.blockTokens[static_cast<size_t>(d) * g.blockTokenStride + blockIdx.x * per + destCount[d] + prefix] = t;
       __syncthreads();
       if (threadIdx.x == 0) destCount[d] += total;
       __syncthreads();
@@ -253,40 +253,73 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
   for (int e = threadIdx.x; e < g.numExperts; e += blockDim.x) counts[g.nRanks + e] = expertCount[e];
 }
 
-// Block 0, once every block's counts are in: this rank's totals, the first slot of every block,
-// the count rows to every rank and back, and what this rank receives.
+// Block counts summed per batch of this many blocks: the loads of a batch are all in flight at once.
+constexpr int kCountBatch = 8;
+
+// This rank's count words to every rank, tagged with the call's epoch: a cached dispatch (no
+// counts) sends its destination words with 0 rows, as the peers only need to see the tag.
+__device__ __forceinline__ uint64_t* countWordsAt(const GroupView& g, int rank) {
+  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.countWords));
+}
+
+// Block 0: waits until every rank's first `columns` count words of this call are in our window.
+__device__ __forceinline__ bool waitCountWords(const GroupView& g, uint64_t epoch, int columns) {
+  const uint64_t* words = countWordsAt(g, g.rank);
+  const int rowWords = g.layout.countRowWords;
+  bool ok = true;
+  for (int j = threadIdx.x; j < g.nRanks * columns && ok; j += blockDim.x) {
+    const uint64_t* word = words + static_cast<size_t>(j / columns) * rowWords + j % columns;
+    ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+  }
+  return __syncthreads_or(!ok) == 0;  // the same answer in every thread
+}
+
+// Block 0, once every block's counts are in: this rank's totals and the first slot of every block,
+// the count words to every rank and back (the start handshake: a peer's words also say that its
+// receive buffers are free), then what this rank receives and where its rows start elsewhere.
 __device__ void exchangeCounts(const GroupView& g, const Routing& r, uint64_t epoch) {
-  const int rowInts = g.layout.countRowInts;
   const int blocks = gridDim.x;
-  for (int i = threadIdx.x; i < rowInts; i += blockDim.x) {
+  const int blockRow = g.nRanks + g.numExperts;
+  const int rowWords = g.layout.countRowWords;
+  for (int i = threadIdx.x; i < blockRow; i += blockDim.x) {
     int sum = 0;
-    if (i < g.nRanks) {
-      for (int b = 0; b < blocks; ++b) {
-        g.blockBase[static_cast<size_t>(b) * g.nRanks + i] = sum;
-        sum += __ldcg(g.blockCounts + static_cast<size_t>(b) * rowInts + i);
+    for (int b0 = 0; b0 < blocks; b0 += kCountBatch) {
+      int count[kCountBatch];
+#pragma unroll
+      for (int u = 0; u < kCountBatch; ++u) {
+        count[u] = b0 + u < blocks ? __ldcg(g.blockCounts + static_cast<size_t>(b0 + u) * blockRow + i) : 0;
       }
+#pragma unroll
+      for (int u = 0; u < kCountBatch; ++u) {
+        if (i < g.nRanks && b0 + u < blocks) g.blockBase[static_cast<size_t>(b0 + u) * g.nRanks + i] = sum;
+        sum += count[u];
+      }
+    }
+    const uint64_t word = countWord(epoch, sum);
+    if (i < g.nRanks) {
+      r.sendRows[i] = sum;
+      // Rows for rank i: every rank needs them to place its own rows after ours.
+      for (int p = 0; p < g.nRanks; ++p) storeRelaxed(countWordsAt(g, p) + static_cast<size_t>(g.rank) * rowWords + i, word);
     } else {
-      // No store between the loads: they can all be in flight at once.
-      for (int b = 0; b < blocks; ++b) sum += __ldcg(g.blockCounts + static_cast<size_t>(b) * rowInts + i);
-    }
-    for (int p = 0; p < g.nRanks; ++p) {
-      reinterpret_cast<int*>(at(g, p, g.layout.countRows))[static_cast<size_t>(g.rank) * rowInts + i] = sum;
+      // Rows for expert e: only its owner needs them.
+      const int e = i - g.nRanks;
+      const int owner = e / g.numLocalExperts;
+      storeRelaxed(countWordsAt(g, owner) + static_cast<size_t>(g.rank) * rowWords + g.nRanks + e % g.numLocalExperts, word);
     }
   }
-  __syncthreads();
-  peerHandshake(g, offsetof(Control, dispatchStart), epoch);
-  __syncthreads();
-  if (timedOut(g)) return;
-  const int* rows = reinterpret_cast<const int*>(at(g, g.rank, g.layout.countRows));
-  if (threadIdx.x == 0) {
-    int offset = 0;
-    for (int s = 0; s < g.nRanks; ++s) {
-      const int rowsFromS = __ldcv(rows + static_cast<size_t>(s) * rowInts + g.rank);
-      r.recvRowsPerRank[s] = rowsFromS;
-      offset += rowsFromS;
-    }
-    *r.numRecvRows = offset;
+  if (!waitCountWords(g, epoch, rowWords)) return;
+  const uint64_t* words = countWordsAt(g, g.rank);
+  auto countAt = [&](int s, int column) { return countOf(loadRelaxed(words + static_cast<size_t>(s) * rowWords + column)); };
+  int fromRank = 0;
+  if (threadIdx.x < g.nRanks) {
+    fromRank = countAt(threadIdx.x, g.rank);
+    r.recvRowsPerRank[threadIdx.x] = fromRank;
+    int before = 0;  // rows that lower ranks send to rank threadIdx.x: ours follow them there
+    for (int s = 0; s < g.rank; ++s) before += countAt(s, threadIdx.x);
+    r.sendOffset[threadIdx.x] = before;
   }
+  int recvRows = 0;
+  blockExclusiveScan<kCopyThreads>(fromRank, &recvRows);
   // Expert regions: a thread per local expert (at most kMaxExperts = the block size), its count
   // over source ranks, then the aligned regions' offsets by a block scan.
   static_assert(kMaxExperts <= kCopyThreads, "one thread per local expert");
@@ -294,9 +327,7 @@ __device__ void exchangeCounts(const GroupView& g, const Routing& r, uint64_t ep
   int aligned = 0;
   if (e < g.numLocalExperts) {
     int count = 0;
-    for (int s = 0; s < g.nRanks; ++s) {
-      count += __ldcv(rows + static_cast<size_t>(s) * rowInts + g.nRanks + g.rank * g.numLocalExperts + e);
-    }
+    for (int s = 0; s < g.nRanks; ++s) count += countAt(s, g.nRanks + e);
     r.recvRowsPerExpert[e] = count;
     aligned = (count + r.expertAlignment - 1) / r.expertAlignment * r.expertAlignment;
   }
@@ -306,12 +337,19 @@ __device__ void exchangeCounts(const GroupView& g, const Routing& r, uint64_t ep
   if (e == 0) {
     r.expertOffsets[g.numLocalExperts] = expertRows;
     *r.numExpertRows = expertRows;
+    *r.numRecvRows = recvRows;
   }
-  for (int d = threadIdx.x; d < g.nRanks; d += blockDim.x) {
-    int before = 0;
-    for (int s = 0; s < g.rank; ++s) before += __ldcv(rows + static_cast<size_t>(s) * rowInts + d);
-    r.sendOffset[d] = before;
+}
+
+// Block 0 of a cached dispatch: the layout is the routing's, so the count words are only the
+// start handshake.
+__device__ void exchangeStart(const GroupView& g, uint64_t epoch) {
+  const int rowWords = g.layout.countRowWords;
+  for (int i = threadIdx.x; i < g.nRanks * g.nRanks; i += blockDim.x) {
+    const int p = i / g.nRanks, d = i % g.nRanks;
+    storeRelaxed(countWordsAt(g, p) + static_cast<size_t>(g.rank) * rowWords + d, countWord(epoch, 0));
   }
+  waitCountWords(g, epoch, g.nRanks);
 }
 
 // Rows of token t for destination d: payload, FP8 scales, the top-k entries that are d's
@@ -363,7 +401,7 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
       if (threadIdx.x == 0) g.sync->arrived = 0;  // the other blocks have all arrived
       exchangeCounts(g, r, epoch);
     } else {
-      peerHandshake(g, offsetof(Control, dispatchStart), epoch);
+      exchangeStart(g, epoch);
     }
     __syncthreads();
     tracePoint(g, kTraceDispatchExchanged);
@@ -390,52 +428,55 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   __syncthreads();
   const int lane = threadIdx.x % kWarp;
   const int warps = role.count * (kCopyThreads / kWarp);
+  const int warp = role.index * (kCopyThreads / kWarp) + static_cast<int>(threadIdx.x) / kWarp;
   const int per = tokensPerBlock(input.numTokens);
-  const uint64_t roleMask = (role.remote ? ~(1ULL << g.rank) : 0) | (role.local ? 1ULL << g.rank : 0);
-  // Receive row of token t at rank d. Routing arrays come from other blocks of this kernel (or an
-  // earlier dispatch): read from L2, never from a line this SM's L1 may hold from before the
-  // hand-over. The layout gave the slot among its block's tokens; the rank-wide one is kept for
-  // re-dispatch (by the one lane that asks).
-  auto rowAt = [&](int t, int d, bool writer) {
-    int* slotOf = r.tokenSlot + static_cast<size_t>(t) * g.nRanks + d;
-    int slot = __ldcg(slotOf);
+  // Rows, not tokens, are dealt to the warps: with tokens, a warp's share of rows for a rank is
+  // binomial (a dispatch warp has ~16 tokens), and the link idles while the unluckiest warps
+  // finish alone. Row j for rank d is this rank's j-th token for d: the layout listed each block's
+  // tokens, so j's token is in the list of the last block whose first slot is at or below j.
+  __shared__ int firstSlot[kMaxBlocks];
+  for (int k = 0; k < g.nRanks; ++k) {
+    const int d = (g.rank + 1 + k) % g.nRanks;  // every rank starts with a different peer
+    if (!(d == g.rank ? role.local : role.remote)) continue;
+    const int rows = __ldcg(r.sendRows + d);
+    int* sendTokens = r.sendTokens + static_cast<size_t>(d) * g.maxTokensPerRank;
     if (!cached) {
-      slot += __ldcg(g.blockBase + static_cast<size_t>(t / per) * g.nRanks + d);
-      if (writer) *slotOf = slot;
+      __syncthreads();  // firstSlot of the previous destination is consumed
+      for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) firstSlot[b] = __ldcg(g.blockBase + static_cast<size_t>(b) * g.nRanks + d);
+      __syncthreads();
     }
-    return sendOffset[d] + slot;
-  };
-  // A warp takes its tokens 32 at a time: lane i looks up where token i goes first, so that no
-  // row waits on a chain of routing loads before its bytes start moving.
-  for (int t0 = role.index * (kCopyThreads / kWarp) + static_cast<int>(threadIdx.x) / kWarp; t0 < input.numTokens;
-       t0 += warps * kWarp) {
-    const int mine = t0 + lane * warps;
-    uint64_t myMask = 0;
-    int myRow = 0;
-    if (mine < input.numTokens) {
-      myMask = __ldcg(r.tokenRanks + mine) & roleMask;
-      if (myMask != 0) myRow = rowAt(mine, __ffsll(static_cast<long long>(myMask)) - 1, true);
-    }
-    for (int i = 0; i < kWarp; ++i) {
-      const int t = t0 + i * warps;
-      if (t >= input.numTokens) break;
-      uint64_t mask = __shfl_sync(0xffffffff, myMask, i);
-      const int firstRow = __shfl_sync(0xffffffff, myRow, i);
-      if (mask == 0) continue;
-      int64_t id = -1;
-      float weight = 0.0f;
-      if (lane < g.topk) {
-        // The routing's copy: a cached re-dispatch has no top-k input of its own.
-        id = __ldcg(r.topkIds + static_cast<size_t>(t) * g.topk + lane);
-        weight = __ldcg(r.topkWeights + static_cast<size_t>(t) * g.topk + lane);
+    const int* blockTokens = g.blockTokens + static_cast<size_t>(d) * g.blockTokenStride;
+    // 32 rows at a time per warp: lane i finds row i's token first, so that no row waits on a
+    // chain of routing loads before its bytes start moving.
+    for (int j0 = warp; j0 < rows; j0 += warps * kWarp) {
+      const int mine = j0 + lane * warps;
+      int myToken = 0;
+      if (mine < rows) {
+        if (cached) {
+          myToken = __ldcg(sendTokens + mine);
+        } else {
+          int lo = 0, hi = gridDim.x - 1;  // the last block whose first slot is <= mine
+          while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (firstSlot[mid] <= mine) lo = mid; else hi = mid - 1;
+          }
+          myToken = __ldcg(blockTokens + lo * per + (mine - firstSlot[lo]));
+          sendTokens[mine] = myToken;  // for cached re-dispatch
+          r.tokenSlot[static_cast<size_t>(myToken) * g.nRanks + d] = mine;  // for combine
+        }
       }
-      bool first = true;
-      while (mask != 0) {
-        const int d = __ffsll(static_cast<long long>(mask)) - 1;
-        mask &= mask - 1;
-        const int row = first ? firstRow : rowAt(t, d, lane == 0);
-        first = false;
-        writeRow(g, input, t, d, static_cast<size_t>(row), id, weight, lane);
+      for (int i = 0; i < kWarp; ++i) {
+        const int j = j0 + i * warps;
+        if (j >= rows) break;
+        const int t = __shfl_sync(0xffffffff, myToken, i);
+        int64_t id = -1;
+        float weight = 0.0f;
+        if (lane < g.topk) {
+          // The routing's copy: a cached re-dispatch has no top-k input of its own.
+          id = __ldcg(r.topkIds + static_cast<size_t>(t) * g.topk + lane);
+          weight = __ldcg(r.topkWeights + static_cast<size_t>(t) * g.topk + lane);
+        }
+        writeRow(g, input, t, d, static_cast<size_t>(sendOffset[d] + j), id, weight, lane);
       }
     }
   }

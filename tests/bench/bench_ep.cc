@@ -238,6 +238,12 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
       printf("  %-30s %10.1f %12s %12.1f\n", "  remote rows only", ceiling.smRemoteOnlyUs, "-",
              remoteDispatchBytes / (ceiling.smRemoteOnlyUs * 1e3));
       printf("  %-30s %10.1f %12s %12s\n", "  local rows only", ceiling.smLocalOnlyUs, "-", "-");
+      printf("  %-30s %10.1f %12s %12.1f\n", "  remote only, masked rounds", ceiling.smRemoteOnlyPredicatedUs, "-",
+             remoteDispatchBytes / (ceiling.smRemoteOnlyPredicatedUs * 1e3));
+      if (ceiling.smSplit8PredicatedUs > 0) {
+        printf("  %-30s %10.1f %12.1f %12.1f\n", "  split 8, masked rounds", ceiling.smSplit8PredicatedUs,
+               dispatchBytes / (ceiling.smSplit8PredicatedUs * 1e3), remoteDispatchBytes / (ceiling.smSplit8PredicatedUs * 1e3));
+      }
       for (const CopyCeiling::Split& split : ceiling.splits) {
         const std::string label = "  split " + std::to_string(split.remoteBlocks) + " remote SMs";
         printf("  %-30s %10.1f %12.1f %12.1f\n", label.c_str(), split.us, dispatchBytes / (split.us * 1e3),

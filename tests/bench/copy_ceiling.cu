@@ -12,7 +12,23 @@ constexpr int kThreads = 1024;
 constexpr int kUnroll = 8;
 
 // Copies rows of `rowVectors` 16-byte vectors, one warp per row, kUnroll vectors in flight per lane.
-__device__ __forceinline__ void copyRow(const int4* in, int4* out, int rowVectors, int lane) {
+// Predicated: the last round is a full one with its missing vectors masked off, instead of a
+// vector at a time (whose load and store may serialise on the compiler's aliasing assumption).
+__device__ __forceinline__ void copyRow(const int4* in, int4* out, int rowVectors, int lane, bool predicated) {
+  if (predicated) {
+    for (int i = lane; i < rowVectors; i += kUnroll * 32) {
+      int4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (i + u * 32 < rowVectors) v[u] = __ldg(in + i + u * 32);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (i + u * 32 < rowVectors) out[i + u * 32] = v[u];
+      }
+    }
+    return;
+  }
   int i = lane;
   for (; i + (kUnroll - 1) * 32 < rowVectors; i += kUnroll * 32) {
     int4 v[kUnroll];
@@ -29,7 +45,7 @@ __device__ __forceinline__ void copyRow(const int4* in, int4* out, int rowVector
 // `remoteBlocks` blocks take the remote rows, the others the local ones.
 __global__ void __launch_bounds__(kThreads) copyRowsKernel(const int4* src, int4* peerDst, int4* localDst,
                                                            long remoteRows, long localRows, int rowVectors,
-                                                           int remoteBlocks) {
+                                                           int remoteBlocks, bool predicated) {
   const int lane = threadIdx.x % 32;
   const int perBlock = kThreads / 32;
   if (remoteBlocks > 0) {
@@ -39,7 +55,7 @@ __global__ void __launch_bounds__(kThreads) copyRowsKernel(const int4* src, int4
     const long rows = remote ? remoteRows : localRows;
     int4* dst = remote ? peerDst : localDst;
     for (long j = first; j < rows; j += static_cast<long>(blocks) * perBlock) {
-      copyRow(src + j * rowVectors, dst + j * rowVectors, rowVectors, lane);
+      copyRow(src + j * rowVectors, dst + j * rowVectors, rowVectors, lane, predicated);
     }
     return;
   }
@@ -56,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) copyRowsKernel(const int4* src, int4
       remote = remoteRows > localRows;
       row = j - paired / 2;
     }
-    copyRow(src + row * rowVectors, (remote ? peerDst : localDst) + row * rowVectors, rowVectors, lane);
+    copyRow(src + row * rowVectors, (remote ? peerDst : localDst) + row * rowVectors, rowVectors, lane, predicated);
   }
 }
 
@@ -140,12 +156,13 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
     return true;
   };
   // The SM kernel covers the two-rank case (one peer), which is what the EP benchmark compares.
-  auto smCopy = [&](long remoteRows, long localRows, int remoteBlocks) {
-    return [&, remoteRows, localRows, remoteBlocks]() {
+  auto smCopy = [&](long remoteRows, long localRows, int remoteBlocks, bool predicated = false) {
+    return [&, remoteRows, localRows, remoteBlocks, predicated]() {
       const int peer = (me + 1) % n;
       copyRowsKernel<<<sms, kThreads, 0, stream>>>(
           reinterpret_cast<const int4*>(b.src), reinterpret_cast<int4*>(b.peerRecv[peer] + remoteBytes * me),
-          reinterpret_cast<int4*>(b.local), remoteRows, localRows, static_cast<int>(rowBytes / 16), remoteBlocks);
+          reinterpret_cast<int4*>(b.local), remoteRows, localRows, static_cast<int>(rowBytes / 16), remoteBlocks,
+          predicated);
       TEST_CUDA_CHECK(cudaGetLastError());
       return true;
     };
@@ -154,7 +171,9 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
   bool ok = timeIt(copyEngine, &out->copyEngineUs);
   if (ok && n == 2) {
     ok = timeIt(smCopy(remoteRows, localRows, 0), &out->smUs) && timeIt(smCopy(remoteRows, 0, 0), &out->smRemoteOnlyUs) &&
-         timeIt(smCopy(0, localRows, 0), &out->smLocalOnlyUs);
+         timeIt(smCopy(0, localRows, 0), &out->smLocalOnlyUs) &&
+         timeIt(smCopy(remoteRows, 0, 0, true), &out->smRemoteOnlyPredicatedUs) &&
+         (sms <= 8 || timeIt(smCopy(remoteRows, localRows, 8, true), &out->smSplit8PredicatedUs));
     out->splits.clear();
     for (int remoteBlocks = 4; ok && remoteBlocks < sms; remoteBlocks += 4) {
       double us = 0;

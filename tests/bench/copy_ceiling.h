@@ -15,6 +15,8 @@ struct CopyCeiling {
   double smUs = 0;          // one kernel on `sms` SMs, 16-byte loads and stores, rows interleaved
   double smRemoteOnlyUs = 0;  // the same kernel with the peer's rows alone
   double smLocalOnlyUs = 0;   // ... and with the local rows alone
+  double smRemoteOnlyPredicatedUs = 0;  // remote rows alone, every round full width with masked lanes
+  double smSplit8PredicatedUs = 0;      // 8 SMs remote, the rest local, masked full rounds
   struct Split {
     int remoteBlocks;  // SMs that copy to the peer; the others copy locally
     double us;
