@@ -12,10 +12,7 @@ UNIFAB_API unifabResult_t unifabEpBufferSize(const unifabEpConfig_t* config, int
     if (config == nullptr || bytes == nullptr) {
       return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpBufferSize: config and bytes must not be NULL");
     }
-    unifab::kernels::ep::WindowLayout layout;
-    UF_CHECK(unifabEpGroup::planLayout(*config, nRanks, &layout));
-    *bytes = layout.total;
-    return unifabSuccess;
+    return unifabEpGroup::windowBytes(*config, nRanks, bytes);
   });
 }
 
@@ -54,6 +51,27 @@ UNIFAB_API unifabResult_t unifabEpCombine(unifabEpGroup_t group, unifabEpHandle_
       return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpCombine: group and args must not be NULL");
     }
     return group->combine(handle, *args, stream);
+  });
+}
+
+UNIFAB_API unifabResult_t unifabEpLowLatencyDispatch(unifabEpGroup_t group, const unifabEpLowLatencyDispatchArgs_t* args,
+                                                     cudaStream_t stream, unifabEpHandle_t* handle,
+                                                     unifabEpLowLatencyDispatchResult_t* result) {
+  return guarded(LogComponent::kExt, "unifabEpLowLatencyDispatch", [&] {
+    if (group == nullptr || args == nullptr || handle == nullptr) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpLowLatencyDispatch: group, args and handle must not be NULL");
+    }
+    return group->lowLatencyDispatch(*args, stream, handle, result);
+  });
+}
+
+UNIFAB_API unifabResult_t unifabEpLowLatencyCombine(unifabEpGroup_t group, unifabEpHandle_t handle,
+                                                    const unifabEpLowLatencyCombineArgs_t* args, cudaStream_t stream) {
+  return guarded(LogComponent::kExt, "unifabEpLowLatencyCombine", [&] {
+    if (group == nullptr || args == nullptr) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpLowLatencyCombine: group and args must not be NULL");
+    }
+    return group->lowLatencyCombine(handle, *args, stream);
   });
 }
 

@@ -2,7 +2,8 @@
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
 # and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
-#   tests/run-gpu.sh [tests] [bench] [ep] [epsweep] [trace] [sanitize] [sweep]   default: tests bench ep
+#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [epsweep] [trace] [sanitize] [sweep]   default: tests bench ep ll
+# UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match.
 # The machines are shared virtual machines whose loopback TCP speed changes from minute to
 # minute, so every comparison runs its contenders interleaved, several times, and reports the
 # median over the repetitions.
@@ -13,7 +14,7 @@ out="${OUT:-$here/gpu-results}"
 logs="$out/logs"
 build="${UNIFAB_GPU_BUILD_DIR:-$here/build-gpu}"
 mkdir -p "$logs"
-steps="${*:-tests bench ep}"
+steps="${*:-tests bench ep ll}"
 summary="$out/summary.txt"
 : >"$summary"
 say() { echo "$@" | tee -a "$summary"; }
@@ -84,7 +85,7 @@ for step in $steps; do
   case $step in
   tests)
     say "== gpu tests (ctest -L gpu)"
-    (cd "$build" && ctest -L gpu --output-on-failure --timeout 1000) >"$logs/ctest-gpu.log" 2>&1 || failed=1
+    (cd "$build" && ctest -L gpu ${UNIFAB_GPU_TESTS:+-R "$UNIFAB_GPU_TESTS"} -V --timeout 1000) >"$logs/ctest-gpu.log" 2>&1 || failed=1
     grep -E "tests passed|Passed|Failed|\*\*\*" "$logs/ctest-gpu.log" | tee -a "$summary"
     grep -h -E "passed, [0-9]+ failed" "$logs/ctest-gpu.log" | tee -a "$summary"
     cat "$build"/tests/gpu/nccl-debug*.log 2>/dev/null |
@@ -114,6 +115,14 @@ for step in $steps; do
     done
     "$bench" ep --mode ht --dtype bf16 --sms 24 --iters 30 --warmup 5 --csv "$logs/ep-ht-bf16-24sms.csv" >"$logs/ep-ht-bf16-24sms.txt" 2>&1 || failed=1
     tee -a "$summary" <"$logs/ep-ht-bf16-24sms.txt"
+    ;;
+  ll)
+    say "== unifab-bench ep --mode ll, all local GPUs"
+    for dtype in fp8 bf16; do
+      "$bench" ep --mode ll --dtype $dtype --tokens 1,32,128 --iters 50 --warmup 10 --csv "$logs/ep-ll-$dtype.csv" \
+        >"$logs/ep-ll-$dtype.txt" 2>&1 || failed=1
+      tee -a "$summary" <"$logs/ep-ll-$dtype.txt"
+    done
     ;;
   epsweep)
     say "== unifab-bench ep --mode ht, SM sweep (dispatch, cached dispatch, combine)"

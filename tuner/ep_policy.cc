@@ -56,4 +56,10 @@ int epRemoteBlocks(EpOp op, int nRanks, int blocks) {
   return std::clamp(remote, 1, blocks - 1);
 }
 
+int epLowLatencyBlocks(int warpItems, int warpsPerBlock, int deviceSms) {
+  if (warpsPerBlock <= 0) return 1;
+  const int blocks = (std::max(warpItems, 1) + warpsPerBlock - 1) / warpsPerBlock;
+  return std::clamp(blocks, 1, std::max(deviceSms, 1));
+}
+
 }  // namespace unifab::tuner

@@ -23,4 +23,9 @@ enum class EpOp { kDispatch, kCombine };
 // local (one rank); `blocks` when a single block must do both.
 int epRemoteBlocks(EpOp op, int nRanks, int blocks);
 
+// Blocks of `warpsPerBlock` warps for a low-latency phase of `warpItems` independent warp-sized
+// items (message parts): one item per warp when the device has the SMs (latency, not bandwidth,
+// decides at these sizes), at least 1 and at most `deviceSms`.
+int epLowLatencyBlocks(int warpItems, int warpsPerBlock, int deviceSms);
+
 }  // namespace unifab::tuner

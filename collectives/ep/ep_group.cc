@@ -7,6 +7,7 @@
 
 #include "collectives/common/cuda_check.h"
 #include "collectives/common/device_guard.h"
+#include "collectives/ep/ep_common.h"
 #include "plugin/params.h"
 #include "tuner/ep_policy.h"
 #include "tuner/topology.h"
@@ -20,72 +21,25 @@ static_assert(sizeof(unifabEpDispatchResult_t::hostRecvRowsPerExpert) / sizeof(i
               "hostRecvRowsPerExpert must hold every local expert");
 
 namespace unifab::collectives::ep {
-// User structs may carry any bit pattern in an enum field; reading it as the enum type when it holds
-// an unlisted value is undefined behaviour in C++, so validation reads the raw integer instead.
-template <typename Enum>
-static int rawEnum(const Enum& field) {
-  static_assert(sizeof(Enum) == sizeof(int), "C enums in unifab.h are int-sized");
-  int value;
-  std::memcpy(&value, &field, sizeof value);
-  return value;
-}
-
 namespace {
 
-constexpr size_t kAlign = 256;
 constexpr int kMaxExpertAlignment = 128;
 constexpr int kMaxTokensPerRank = 1 << 20;
-
-size_t alignUp(size_t value) { return (value + kAlign - 1) / kAlign * kAlign; }
-
-bool aligned16(const void* pointer) { return (reinterpret_cast<uintptr_t>(pointer) & 15) == 0; }
-
-// Carves consecutive aligned arrays out of one allocation.
-class Carver {
- public:
-  explicit Carver(char* base) : base_(base) {}
-  // Offset of the next `bytes`, rounded up so that the following array starts aligned.
-  size_t reserve(size_t bytes) {
-    const size_t offset = offset_;
-    offset_ = alignUp(offset_ + bytes);
-    return offset;
-  }
-  template <typename T>
-  T* take(size_t count) {
-    return reinterpret_cast<T*>(base_ + reserve(sizeof(T) * count));
-  }
-  size_t used() const { return offset_; }
-
- private:
-  char* base_;
-  size_t offset_ = 0;
-};
-
-// One zeroed device allocation for every array `carveAll` takes from a Carver: a pass over a null
-// base measures, the second hands out the pointers, so the list of arrays is written once.
-template <typename CarveAll>
-Result allocateCarved(void** memory, CarveAll carveAll) {
-  Carver measure(nullptr);
-  carveAll(measure);
-  UF_CUDA_CHECK(cudaMalloc(memory, measure.used()));
-  UF_CUDA_CHECK(cudaMemset(*memory, 0, measure.used()));
-  Carver carve(static_cast<char*>(*memory));
-  carveAll(carve);
-  return unifabSuccess;
-}
 
 int expertRowCapacity(const unifabEpConfig_t& config, int nRanks) {
   int localExperts = config.numExperts / nRanks;
   return nRanks * config.maxTokensPerRank * std::min(config.topk, localExperts) + localExperts * (kMaxExpertAlignment - 1);
 }
 
+}  // namespace
+
 Result validateConfig(const unifabEpConfig_t& config, int nRanks) {
   if (config.size < sizeof(unifabEpConfig_t)) {
     return UF_ERROR(unifabInvalidArgument, kExt, "config->size=%zu, expected %zu: initialise it with UNIFAB_EP_CONFIG_INIT",
                     config.size, sizeof(unifabEpConfig_t));
   }
-  if (rawEnum(config.mode) != unifabEpHighThroughput) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "config->mode=%d: this version offers unifabEpHighThroughput (0)",
+  if (rawEnum(config.mode) != unifabEpHighThroughput && rawEnum(config.mode) != unifabEpLowLatency) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->mode=%d is neither unifabEpHighThroughput (0) nor unifabEpLowLatency (1)",
                     rawEnum(config.mode));
   }
   if (nRanks < 1 || nRanks > kep::kMaxRanks) {
@@ -108,9 +62,15 @@ Result validateConfig(const unifabEpConfig_t& config, int nRanks) {
     return UF_ERROR(unifabInvalidArgument, kExt, "config->maxTokensPerRank=%d is outside 1..%d", config.maxTokensPerRank,
                     kMaxTokensPerRank);
   }
+  if (config.mode == unifabEpLowLatency && config.maxTokensPerRank > kMaxLowLatencyTokens) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->maxTokensPerRank=%d: a low-latency group takes at most %d",
+                    config.maxTokensPerRank, kMaxLowLatencyTokens);
+  }
   if (config.maxSms < 0) return UF_ERROR(unifabInvalidArgument, kExt, "config->maxSms=%d is negative", config.maxSms);
   return unifabSuccess;
 }
+
+namespace {
 
 // The most serious error among the bits in `code`: a timeout leaves the group unusable.
 const char* errorName(int code) {
@@ -219,19 +179,36 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
     return UF_ERROR(unifabInvalidUsage, kExt, "the current CUDA device is %d but the communicator's is %d", current,
                     commDevice);
   }
-  kep::WindowLayout layout;
-  UF_CHECK(planLayout(config, nRanks, &layout));
+  const bool lowLatency = config.mode == unifabEpLowLatency;
+  kep::WindowLayout layout{};
+  kep::LlLayout llLayout{};
+  if (lowLatency) {
+    UF_CHECK(planLowLatencyLayout(config, nRanks, &llLayout));
+  } else {
+    UF_CHECK(planLayout(config, nRanks, &layout));
+  }
 
   std::unique_ptr<unifabEpGroup> group(new unifabEpGroup());
   UF_CHECK(unifab::collectives::DeviceComm::acquire(comm, &group->comm_));
   const auto& dc = *group->comm_;
   if (dc.lsaSize() != dc.nRanks()) {
     return UF_ERROR(unifabInvalidUsage, kExt,
-                    "high-throughput EP in this version needs every rank in one NVLink domain: %d of %d ranks are "
-                    "LSA peers (the network path is not implemented yet)", dc.lsaSize(), dc.nRanks());
+                    "EP in this version needs every rank in one NVLink domain: %d of %d ranks are LSA peers (the "
+                    "network path is not implemented yet)", dc.lsaSize(), dc.nRanks());
   }
   group->config_ = config;
-  UF_CHECK(unifab::collectives::SymmetricWindow::create(group->comm_, layout.total, &group->window_));
+  UF_CHECK(unifab::collectives::SymmetricWindow::create(group->comm_, lowLatency ? llLayout.total : layout.total,
+                                                        &group->window_));
+  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&group->hostError_), sizeof(int), cudaHostAllocMapped));
+  *group->hostError_ = 0;
+  UF_CUDA_CHECK(cudaDeviceGetAttribute(&group->deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
+  // validateSms keeps every call's block count at or below it.
+  group->deviceSms_ = std::min(group->deviceSms_, kep::kMaxBlocks);
+  if (lowLatency) {
+    UF_CHECK(group->initLowLatency(llLayout));
+    *out = group.release();
+    return unifabSuccess;
+  }
 
   kep::GroupView& v = group->view_;
   v.rank = dc.rank();
@@ -245,9 +222,6 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   for (int r = 0; r < dc.nRanks(); ++r) v.peerBase[r] = group->window_->peerBases()[r];
   v.timeoutNs = static_cast<uint64_t>(unifab::params().epTimeoutMs) * 1000000ULL;
 
-  UF_CUDA_CHECK(cudaDeviceGetAttribute(&group->deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
-  // validateSms keeps every call's block count at or below it.
-  group->deviceSms_ = std::min(group->deviceSms_, kep::kMaxBlocks);
   v.maxBlocks = group->deviceSms_;
 
   // Counters and the expert-major copy live in ordinary device memory: only this GPU touches them.
@@ -271,8 +245,6 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   }));
   group->expertRows_.capacity = expertCapacity;
 
-  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&group->hostError_), sizeof(int), cudaHostAllocMapped));
-  *group->hostError_ = 0;
   UF_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&v.hostError), group->hostError_, 0));
   UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&group->hostCounts_), sizeof(int) * (kep::kMaxExperts + 1),
                               cudaHostAllocDefault));
@@ -335,7 +307,7 @@ Result unifabEpGroup::asyncError() const {
   int code = *reinterpret_cast<volatile int*>(hostError_);
   if (code == kep::kErrorNone) return unifabSuccess;
   return UF_ERROR((code & kep::kErrorTimeout) != 0 ? unifabTimeout : unifabInvalidArgument, kExt,
-                  "an earlier EP call on rank %d failed on the GPU: %s", view_.rank, unifab::collectives::ep::errorName(code));
+                  "an earlier EP call on rank %d failed on the GPU: %s", comm_->rank(), unifab::collectives::ep::errorName(code));
 }
 
 Result unifabEpGroup::checkStream(cudaStream_t stream, bool* capturing) const {
@@ -443,6 +415,9 @@ Result unifabEpGroup::validateIdsOnHost(const unifabEpDispatchArgs_t& a, cudaStr
 
 Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t stream, unifabEpHandle** handleOut,
                                unifabEpDispatchResult_t* out) {
+  if (config_.mode != unifabEpHighThroughput) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "the group was created for low latency: use unifabEpLowLatencyDispatch");
+  }
   UF_CHECK(asyncError());
   bool capturing = false;
   UF_CHECK(validateDispatch(a, stream, &capturing));
@@ -519,6 +494,9 @@ Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t str
 }
 
 Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_t& a, cudaStream_t stream) {
+  if (config_.mode != unifabEpHighThroughput) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "the group was created for low latency: use unifabEpLowLatencyCombine");
+  }
   UF_CHECK(asyncError());
   if (handle == nullptr || handle->group != this || handle->dispatchSequence == 0) {
     return UF_ERROR(unifabInvalidArgument, kExt, "handle does not come from a dispatch on this group");

@@ -8,11 +8,17 @@
 
 #include "collectives/common/symmetric.h"
 #include "kernels/ep/ht_kernels.h"
+#include "kernels/ep/ll_kernels.h"
 #include "unifab/unifab.h"
 
 struct unifabEpGroup;
 
 namespace unifab::collectives::ep {
+
+constexpr int kMaxLowLatencyTokens = 1024;
+
+// What a rank can check of a configuration alone (both modes).
+Result validateConfig(const unifabEpConfig_t& config, int nRanks);
 
 // Owns the device memory of one routing (kernels::ep::Routing points into it).
 class RoutingBuffers {
@@ -56,6 +62,12 @@ struct unifabEpHandle {
   unifabEpLayout_t layout = unifabEpRankMajor;
   int expertAlignment = 1;
   uint64_t dispatchSequence = 0;  // the group's dispatch that last used this routing; 0: none yet
+  // Low-latency mode: the buffer set of the dispatch and how far its phases got.
+  bool lowLatency = false;
+  int set = 0;
+  bool fp8 = false;
+  bool sent = false, received = false, combineSent = false, combineReceived = false;
+  uint64_t combineSequence = 0;  // the group's low-latency combine send of this handle; 0: none yet
 };
 
 struct unifabEpGroup {
@@ -67,6 +79,16 @@ struct unifabEpGroup {
   unifab::Result combine(unifabEpHandle* handle, const unifabEpCombineArgs_t& args, cudaStream_t stream);
   unifab::Result asyncError() const;
 
+  // Low-latency mode (ep_ll.cc).
+  unifab::Result lowLatencyDispatch(const unifabEpLowLatencyDispatchArgs_t& args, cudaStream_t stream,
+                                    unifabEpHandle** handle, unifabEpLowLatencyDispatchResult_t* result);
+  unifab::Result lowLatencyCombine(unifabEpHandle* handle, const unifabEpLowLatencyCombineArgs_t& args,
+                                   cudaStream_t stream);
+  static unifab::Result planLowLatencyLayout(const unifabEpConfig_t& config, int nRanks,
+                                             unifab::kernels::ep::LlLayout* layout);
+  // Window bytes of a group of either mode.
+  static unifab::Result windowBytes(const unifabEpConfig_t& config, int nRanks, size_t* bytes);
+
   // Window bytes for `config` on `nRanks` ranks, and the offsets of every array.
   static unifab::Result planLayout(const unifabEpConfig_t& config, int nRanks, unifab::kernels::ep::WindowLayout* layout);
 
@@ -77,6 +99,9 @@ struct unifabEpGroup {
   unifab::Result validateSms(int numSms) const;
   unifab::Result validateIdsOnHost(const unifabEpDispatchArgs_t& args, cudaStream_t stream) const;
   int smsFor(int requested) const;
+  unifab::Result initLowLatency(const unifab::kernels::ep::LlLayout& layout);
+  unifab::Result validateLowLatencyDispatch(const unifabEpLowLatencyDispatchArgs_t& a, cudaStream_t stream,
+                                            unifabEpHandle* receiving) const;
   void logTrace() const;  // UNIFAB_EP_TRACE: mean phase ends over the group's calls
 
   std::shared_ptr<unifab::collectives::DeviceComm> comm_;
@@ -93,4 +118,9 @@ struct unifabEpGroup {
   // Dispatches issued on the group. The window and the expert-major rows hold the latest one
   // only, so combine accepts only the handle of that dispatch.
   uint64_t dispatchCount_ = 0;
+
+  // Low-latency mode: the kernels' view, and the phases issued so far (the n-th send uses buffer
+  // set n % 2; receive phases complete sends in their order).
+  unifab::kernels::ep::LlView llView_{};
+  uint64_t llDispatchSends_ = 0, llDispatchReceives_ = 0, llCombineSends_ = 0, llCombineReceives_ = 0;
 };

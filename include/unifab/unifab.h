@@ -73,7 +73,9 @@ typedef struct CUstream_st* cudaStream_t;
 typedef struct unifabEpGroup* unifabEpGroup_t;
 typedef struct unifabEpHandle* unifabEpHandle_t;
 
-typedef enum { unifabEpHighThroughput = 0 } unifabEpMode_t;
+/* High throughput: unifabEpDispatch/unifabEpCombine (training, prefill). Low latency:
+ * unifabEpLowLatencyDispatch/unifabEpLowLatencyCombine (decoding, maxTokensPerRank <= 1024). */
+typedef enum { unifabEpHighThroughput = 0, unifabEpLowLatency = 1 } unifabEpMode_t;
 typedef enum { unifabEpBf16 = 0, unifabEpFp8E4M3 = 1 } unifabEpDtype_t;
 typedef enum { unifabEpIndexInt64 = 0, unifabEpIndexInt32 = 1 } unifabEpIndexType_t;
 
@@ -165,6 +167,76 @@ UNIFAB_API unifabResult_t unifabEpCombine(unifabEpGroup_t group, unifabEpHandle_
                                           const unifabEpCombineArgs_t* args, cudaStream_t stream);
 
 UNIFAB_API unifabResult_t unifabEpHandleDestroy(unifabEpHandle_t handle);
+
+/* ---- Low-latency mode (a group created with mode = unifabEpLowLatency) -------------------------
+ * Each token travels once to every rank that hosts one of its top-k experts, and the receiving
+ * rank places it in a fixed region per local expert, so no call waits for a count exchange and
+ * none synchronises the host: every call can be captured in a CUDA graph. A call can run both of
+ * its phases, or only one: the send phase returns once its writes are issued, the caller's stream
+ * may then run other work, and the receive phase (a later call with the same handle) completes it.
+ * Two buffer sets are used alternately, so the results of the latest two dispatches stay valid;
+ * a third dispatch reuses the first one's set. Every wait on a peer is bounded by
+ * UNIFAB_EP_TIMEOUT_MS and reported through unifabEpGetAsyncError. */
+typedef enum {
+  unifabEpSendAndReceive = 0,
+  unifabEpSendOnly = 1,    /* issue the writes and return a handle */
+  unifabEpReceiveOnly = 2  /* complete the handle's send phase */
+} unifabEpPhase_t;
+
+typedef struct {
+  size_t size;                     /* sizeof(unifabEpLowLatencyDispatchArgs_t) */
+  int numTokens;                   /* 0..maxTokensPerRank */
+  const void* x;                   /* [numTokens, hidden] BF16, 16-byte aligned */
+  const void* topkIdx;             /* [numTokens, topk] global expert ids, -1 = none */
+  unifabEpIndexType_t topkIdxType;
+  const float* topkWeights;        /* [numTokens, topk], applied by combine; NULL = all 1 */
+  unifabEpDtype_t dtype;           /* received as: FP8 e4m3 (cast in the kernel, one float scale per
+                                      128 values: amax / 448) or BF16 (as sent) */
+  int ue8m0Scales;                 /* FP8: scales rounded up to a power of two (UE8M0) */
+  unifabEpPhase_t phase;
+  int numSms;                      /* 0 = the group's choice */
+} unifabEpLowLatencyDispatchArgs_t;
+#define UNIFAB_EP_LL_DISPATCH_ARGS_INIT \
+  {sizeof(unifabEpLowLatencyDispatchArgs_t), 0, 0, 0, unifabEpIndexInt64, 0, unifabEpFp8E4M3, 0, unifabEpSendAndReceive, 0}
+
+/* Expert-major receive buffers of one dispatch (inside the group; valid until the dispatch after
+ * next). Local expert e owns rows [e * expertStride, e * expertStride + recvCount[e]); each row is
+ * one (source token, local expert) pair, in the order the tokens arrived (recvSource names them). */
+typedef struct {
+  size_t size;                     /* sizeof(unifabEpLowLatencyDispatchResult_t) */
+  void* recvX;                     /* [numLocalExperts * expertStride, hidden] FP8 or BF16 */
+  float* recvScales;               /* FP8: [numLocalExperts * expertStride, hidden/128]; else NULL */
+  int* recvSource;                 /* [numLocalExperts * expertStride, 2] (source rank, source token) */
+  int* recvCount;                  /* device [numLocalExperts], complete after the receive phase */
+  int expertStride;                /* nRanks * maxTokensPerRank */
+} unifabEpLowLatencyDispatchResult_t;
+
+typedef struct {
+  size_t size;                     /* sizeof(unifabEpLowLatencyCombineArgs_t) */
+  const void* expertOutput;        /* BF16 [numLocalExperts * expertStride, hidden]: row for row of recvX */
+  int weighted;                    /* 1: sum of top-k weight x output; 0: plain sum */
+  void* combinedX;                 /* [numTokens, hidden] BF16 of the dispatch's tokens */
+  unifabEpPhase_t phase;
+  int numSms;
+} unifabEpLowLatencyCombineArgs_t;
+#define UNIFAB_EP_LL_COMBINE_ARGS_INIT \
+  {sizeof(unifabEpLowLatencyCombineArgs_t), 0, 1, 0, unifabEpSendAndReceive, 0}
+
+/* Send phase (or both): *handle receives a new handle and *result the buffers. Receive only:
+ * *handle must be the handle of a send-only call on this group whose receive phase has not run;
+ * result may then be NULL. */
+UNIFAB_API unifabResult_t unifabEpLowLatencyDispatch(unifabEpGroup_t group, const unifabEpLowLatencyDispatchArgs_t* args,
+                                                     cudaStream_t stream, unifabEpHandle_t* handle,
+                                                     unifabEpLowLatencyDispatchResult_t* result);
+
+/* Returns the expert outputs of `handle`'s dispatch to their tokens' ranks. Each rank first sums
+ * a token's rows over its own experts in ascending top-k slot order (FP32, weighted or not) and
+ * rounds once to BF16; the token's rank then sums those partials over ranks in ascending rank
+ * order in FP32 and rounds once to BF16. A token with no expert gets zeros. The send phase needs
+ * the dispatch's receive phase done; the receive phase completes the send phase of the same
+ * handle. The handle's dispatch must be one of the group's latest two. */
+UNIFAB_API unifabResult_t unifabEpLowLatencyCombine(unifabEpGroup_t group, unifabEpHandle_t handle,
+                                                    const unifabEpLowLatencyCombineArgs_t* args, cudaStream_t stream);
 
 /* A device-side failure of any earlier call on the group, or unifabSuccess: unifabTimeout when a
  * peer stopped answering within UNIFAB_EP_TIMEOUT_MS (the group is then unusable), or

@@ -55,4 +55,57 @@ __device__ __forceinline__ bool waitEpoch(const uint64_t* address, uint64_t epoc
   return true;
 }
 
+// Where a bounded wait reports: an error word of bits in device memory and its host-visible
+// mirror (raiseError), and how long any single wait may last.
+struct WaitBounds {
+  int* error;
+  int* hostError;
+  uint64_t timeoutNs;
+};
+
+// True once any wait under `w` has timed out (raising `timeoutCode`): its peers are out of step.
+__device__ __forceinline__ bool timedOut(const WaitBounds& w, int timeoutCode) {
+  return (*reinterpret_cast<const volatile int*>(w.error) & timeoutCode) != 0;
+}
+
+// Spins until `ready()` (a relaxed read of the awaited word), bounded by the timeout: false on
+// timeout (raising it) or as soon as another wait under `w` has timed out. kPause sleeps between
+// polls (32 ns growing to 256 ns) where many warps wait at once.
+template <bool kPause, typename Ready>
+__device__ __forceinline__ bool waitBounded(const WaitBounds& w, int timeoutCode, Ready ready) {
+  if (ready()) return true;
+  const uint64_t start = globalTimerNs();
+  unsigned pause = 32;
+  while (!ready()) {
+    if (timedOut(w, timeoutCode)) return false;
+    if (globalTimerNs() - start > w.timeoutNs) {
+      raiseError(w.error, w.hostError, timeoutCode);
+      return false;
+    }
+    if (kPause) {
+      __nanosleep(pause);
+      pause = min(pause * 2, 256u);
+    }
+  }
+  return true;
+}
+
+// Every block of a grid calls this when its share is written (all threads of the block). The
+// last block to arrive gets true, with all other blocks' writes ordered before what it does next
+// (system scope: a peer GPU may be told next). `finished` returns to zero for the next kernel.
+__device__ __forceinline__ bool lastBlockToFinish(unsigned* finished) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    last = atomicAdd(finished, 1u) == gridDim.x - 1;
+    if (last) {
+      __threadfence();
+      *finished = 0;
+    }
+  }
+  __syncthreads();
+  return last;
+}
+
 }  // namespace unifab::kernels

@@ -21,11 +21,10 @@ constexpr int kUnroll = 8;  // 16-byte vectors in flight per lane: 128 KB per 10
 
 __device__ __forceinline__ char* at(const GroupView& g, int rank, size_t offset) { return g.peerBase[rank] + offset; }
 
-// After a timeout the group's peers are out of step: every later kernel does nothing.
-__device__ __forceinline__ bool timedOut(const GroupView& g) {
-  return (*reinterpret_cast<const volatile int*>(g.error) & kErrorTimeout) != 0;
-}
+__device__ __forceinline__ WaitBounds bounds(const GroupView& g) { return {g.error, g.hostError, g.timeoutNs}; }
 
+// After a timeout the group's peers are out of step: every later kernel does nothing.
+__device__ __forceinline__ bool timedOut(const GroupView& g) { return kernels::timedOut(bounds(g), kErrorTimeout); }
 
 // Exclusive prefix sum of `value` over the block; `total` receives the block's sum.
 template <int kThreads>
@@ -80,26 +79,9 @@ __device__ __forceinline__ void warpCopy(char* dst, const char* src, int bytes, 
 
 // ---- grid hand-over and peer handshakes ---------------------------------------------------
 
-// Spins until `ready()` (a relaxed read of the awaited word), bounded by the group's timeout:
-// false on timeout (raising it) or as soon as another wait of the group has timed out. kPause
-// sleeps between polls (32 ns growing to 256 ns) where many warps wait at once.
 template <bool kPause, typename Ready>
 __device__ __forceinline__ bool waitUntil(const GroupView& g, Ready ready) {
-  if (ready()) return true;
-  const uint64_t start = globalTimerNs();
-  unsigned pause = 32;
-  while (!ready()) {
-    if (timedOut(g)) return false;
-    if (globalTimerNs() - start > g.timeoutNs) {
-      raiseError(g.error, g.hostError, kErrorTimeout);
-      return false;
-    }
-    if (kPause) {
-      __nanosleep(pause);
-      pause = min(pause * 2, 256u);
-    }
-  }
-  return true;
+  return waitBounded<kPause>(bounds(g), kErrorTimeout, ready);
 }
 
 // Blocks of one kernel are all resident (grid <= SM count, one block per SM), so they can wait
@@ -129,22 +111,7 @@ __device__ __forceinline__ void peerHandshake(const GroupView& g, size_t flagsOf
   waitEpoch(mine, epoch, g.timeoutNs, g.error, g.hostError, kErrorTimeout);
 }
 
-// Every block calls this when its share is written. The last block to arrive gets true, with
-// all other blocks' writes ordered before what it does next.
-__device__ __forceinline__ bool lastBlockToFinish(const GroupView& g) {
-  __shared__ bool last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    last = atomicAdd(&g.sync->finished, 1u) == gridDim.x - 1;
-    if (last) {
-      __threadfence();
-      g.sync->finished = 0;  // every block has arrived: the counter is free for the next call
-    }
-  }
-  __syncthreads();
-  return last;
-}
+__device__ __forceinline__ bool lastBlockToFinish(const GroupView& g) { return kernels::lastBlockToFinish(&g.sync->finished); }
 
 // ---- tracing (UNIFAB_EP_TRACE) ---------------------------------------------------------------
 

@@ -13,6 +13,7 @@
 
 #include "tests/bench/bench_common.h"
 #include "tests/bench/copy_ceiling.h"
+#include "tests/bench/ep_timing.h"
 #include "tests/common/test_util.h"
 #include "tests/common/ep_device.h"
 #include "tests/common/ep_reference.h"
@@ -33,57 +34,6 @@ struct EpRun {
     return list.find("," + std::string(op) + ",") != std::string::npos;
   }
 };
-
-struct Timer {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  void* flush = nullptr;
-  size_t flushBytes = size_t{256} << 20;
-};
-
-// What one operation costs: the median GPU time of a call after an L2 flush and a barrier (the
-// headline), the GPU time per call of kBackToBack calls in a row (no flush, no barrier: what a
-// steady stream of calls sees), and the median host time spent inside one call.
-struct OpTimes {
-  double us = 0, backToBackUs = 0, hostUs = 0;
-};
-constexpr int kBackToBack = 10;
-
-template <typename Op>
-bool timeOp(test::NcclSession& session, Timer& timer, const EpRun& run, Op op, OpTimes* times) {
-  for (int i = 0; i < run.warmup; ++i) {
-    if (!op()) return false;
-  }
-  std::vector<double> samples, host;
-  for (int i = 0; i < run.iters; ++i) {
-    TEST_CUDA_CHECK(cudaMemsetAsync(timer.flush, i & 0xff, timer.flushBytes, session.stream()));
-    if (!session.barrier(false)) return false;  // every rank starts its timed call together
-    TEST_CUDA_CHECK(cudaEventRecord(timer.start, session.stream()));
-    const double hostStart = test::nowSeconds();
-    if (!op()) return false;
-    host.push_back((test::nowSeconds() - hostStart) * 1e6);
-    TEST_CUDA_CHECK(cudaEventRecord(timer.stop, session.stream()));
-    TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
-    float ms = 0;
-    TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, timer.start, timer.stop));
-    samples.push_back(ms * 1000.0);
-  }
-  times->us = median(samples);
-  times->hostUs = median(host);
-  if (!session.barrier(true)) return false;
-  TEST_CUDA_CHECK(cudaEventRecord(timer.start, session.stream()));
-  for (int i = 0; i < kBackToBack; ++i) {
-    if (!op()) return false;
-  }
-  TEST_CUDA_CHECK(cudaEventRecord(timer.stop, session.stream()));
-  TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
-  float ms = 0;
-  TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, timer.start, timer.stop));
-  times->backToBackUs = ms * 1000.0 / kBackToBack;
-  for (double* value : {&times->us, &times->backToBackUs, &times->hostUs}) {
-    if (!session.maxOverRanks(value)) return false;
-  }
-  return true;
-}
 
 bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   test::NcclSession session;
@@ -162,14 +112,14 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   unifabEpDispatchArgs_t emptyArgs = args;
   emptyArgs.numTokens = 0;
   OpTimes dispatchT, cachedT, emptyT, combineT, ncclT;
-  if (run.wants("dispatch") && !timeOp(session, timer, run, dispatchOf(args), &dispatchT)) return false;
-  if (run.wants("empty") && !timeOp(session, timer, run, dispatchOf(emptyArgs), &emptyT)) return false;
+  if (run.wants("dispatch") && !timeOp(session, timer, run.iters, run.warmup, dispatchOf(args), &dispatchT)) return false;
+  if (run.wants("empty") && !timeOp(session, timer, run.iters, run.warmup, dispatchOf(emptyArgs), &emptyT)) return false;
   // Last before combine: combine needs its handle's dispatch to be the group's latest.
-  if (run.wants("cached") && !timeOp(session, timer, run, dispatchOf(cachedArgs), &cachedT)) return false;
+  if (run.wants("cached") && !timeOp(session, timer, run.iters, run.warmup, dispatchOf(cachedArgs), &cachedT)) return false;
   if (!run.wants("cached") && run.wants("combine")) {
     TEST_UNIFAB_CHECK(unifabEpDispatch(group, &cachedArgs, session.stream(), &handle, &result));
   }
-  if (run.wants("combine") && !timeOp(session, timer, run, combine, &combineT)) return false;
+  if (run.wants("combine") && !timeOp(session, timer, run.iters, run.warmup, combine, &combineT)) return false;
   TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
 
   // NCCL's grouped send/recv all-to-all moving this rank's dispatch rows to the same ranks.
@@ -191,7 +141,7 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   TEST_CUDA_CHECK(cudaMalloc(&a2aSend, maxBytes * env.nRanks));
   TEST_CUDA_CHECK(cudaMalloc(&a2aRecv, maxBytes * env.nRanks));
   auto alltoall = [&]() { return session.exchange(a2aSend, a2aRecv, maxBytes, sendBytes.data(), recvBytes.data()); };
-  if (run.wants("nccl") && !timeOp(session, timer, run, alltoall, &ncclT)) return false;
+  if (run.wants("nccl") && !timeOp(session, timer, run.iters, run.warmup, alltoall, &ncclT)) return false;
   TEST_CUDA_CHECK(cudaFree(a2aSend));
   TEST_CUDA_CHECK(cudaFree(a2aRecv));
 
@@ -280,9 +230,12 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
 
 }  // namespace
 
+int runEpLowLatency(Args& args, const char* self);  // bench_ep_ll.cc
+
 int runEp(Args& args, const char* self) {
-  EpRun run;
   std::string mode = args.value("--mode", "ht");
+  if (mode == "ll") return runEpLowLatency(args, self);
+  EpRun run;
   run.tokens = atoi(args.value("--tokens", "4096").c_str());
   run.hidden = atoi(args.value("--hidden", "7168").c_str());
   run.topk = atoi(args.value("--topk", "8").c_str());
@@ -307,7 +260,7 @@ int runEp(Args& args, const char* self) {
     return 2;
   }
   if (mode != "ht") {
-    fprintf(stderr, "unifab-bench ep: --mode %s is not built yet (ht is)\n", mode.c_str());
+    fprintf(stderr, "unifab-bench ep: --mode is ht or ll (got %s)\n", mode.c_str());
     return 2;
   }
   test::RankEnvironment env = test::rankEnvironment();

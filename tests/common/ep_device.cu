@@ -25,7 +25,41 @@ __global__ void fillKernel(uint16_t* out, int hidden, const int* source, const i
   }
 }
 
+// Low-latency layout: expert e's rows start at e * stride; rows past its count get NaN.
+__global__ void fillLowLatencyKernel(uint16_t* out, int hidden, const int* source, const int* recvCount, int stride,
+                                     int localExperts, int rank, uint64_t seed) {
+  const size_t rows = static_cast<size_t>(localExperts) * stride;
+  for (size_t p = blockIdx.x; p < rows; p += gridDim.x) {
+    const int expert = static_cast<int>(p / stride);
+    const bool valid = static_cast<int>(p % stride) < recvCount[expert];
+    const int s = valid ? source[2 * p] : 0;
+    const int t = valid ? source[2 * p + 1] : 0;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+      out[p * hidden + i] = valid ? expertOutputBits(seed, rank, s, t, expert, i) : uint16_t{0x7fc0};
+    }
+  }
+}
+
+__global__ void spinKernel(long long nanoseconds) {
+  long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+
 }  // namespace
+
+cudaError_t spinOnDevice(long long nanoseconds, cudaStream_t stream) {
+  spinKernel<<<1, 1, 0, stream>>>(nanoseconds);
+  return cudaGetLastError();
+}
+
+cudaError_t fillLowLatencyExpertOutputs(uint16_t* out, int hidden, const int* source, const int* recvCount, int stride,
+                                        int localExperts, int rank, uint64_t seed, cudaStream_t stream) {
+  fillLowLatencyKernel<<<4096, 256, 0, stream>>>(out, hidden, source, recvCount, stride, localExperts, rank, seed);
+  return cudaGetLastError();
+}
 
 cudaError_t fillExpertOutputs(uint16_t* out, int hidden, const int* source, const int* numRows, bool expertMajor,
                               const int* expertOffsets, const int* rowsPerExpert, int localExperts, int rank,

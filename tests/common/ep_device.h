@@ -51,6 +51,14 @@ cudaError_t fillExpertOutputs(uint16_t* out, int hidden, const int* source, cons
                               const int* expertOffsets, const int* rowsPerExpert, int localExperts, int rank,
                               uint64_t seed, int maxRows, cudaStream_t stream);
 
+// Low-latency layout: row p = e * stride + i of `out` gets expertOutputBits(seed, rank, source of p,
+// e, .) for i < recvCount[e], NaN past it.
+cudaError_t fillLowLatencyExpertOutputs(uint16_t* out, int hidden, const int* source, const int* recvCount, int stride,
+                                        int localExperts, int rank, uint64_t seed, cudaStream_t stream);
+
+// One thread busy for `nanoseconds`: work the caller puts between two phases of an operation.
+cudaError_t spinOnDevice(long long nanoseconds, cudaStream_t stream);
+
 // The group configuration a test or benchmark shape asks for (mode and SM cap at their defaults).
 inline unifabEpConfig_t groupConfig(const Shape& shape) {
   unifabEpConfig_t config = UNIFAB_EP_CONFIG_INIT;

@@ -2,6 +2,9 @@
 
 #include "tests/common/ep_values.h"
 
+#include <cuda_fp8.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -143,6 +146,25 @@ void expectedCombine(const Shape& shape, const std::vector<RankInput>& inputs, i
       }
     }
     for (int i = 0; i < shape.hidden; ++i) (*combined)[static_cast<size_t>(t) * shape.hidden + i] = floatToBf16Bits(total[i]);
+  }
+}
+
+void castToFp8(const uint16_t* bf16, int hidden, bool ue8m0, uint8_t* values, float* scales) {
+  for (int block = 0; block < hidden / 128; ++block) {
+    float amax = 0.0f;
+    for (int i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(bf16ToFloat(bf16[block * 128 + i])));
+    float scale = std::max(amax, 1e-4f) / 448.0f;
+    if (ue8m0) {
+      uint32_t bits = floatBits(scale);
+      if ((bits & 0x7fffffu) != 0) bits = (bits & 0xff800000u) + 0x800000u;
+      memcpy(&scale, &bits, sizeof(scale));
+    }
+    scales[block] = scale;
+    const float inverse = 1.0f / scale;
+    for (int i = 0; i < 128; ++i) {
+      const float v = bf16ToFloat(bf16[block * 128 + i]) * inverse;
+      values[block * 128 + i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+    }
   }
 }
 

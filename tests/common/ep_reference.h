@@ -58,4 +58,8 @@ void expectedCombine(const Shape& shape, const std::vector<RankInput>& inputs, i
 
 float bf16ToFloat(uint16_t bits);
 
+// The low-latency dispatch's FP8 cast of one token: per 128 values, scale = max(amax, 1e-4) / 448
+// (rounded up to a power of two with ue8m0), value = e4m3(x * (1 / scale)), saturating.
+void castToFp8(const uint16_t* bf16, int hidden, bool ue8m0, uint8_t* values, float* scales);
+
 }  // namespace unifab::test::ep

@@ -391,3 +391,13 @@ TEST(EpPolicy, EveryBlockCountLeavesWorkForBothRoles) {
     }
   }
 }
+
+// Low latency: one warp per message part while the SMs last (128 tokens x 7 parts on 16-warp
+// blocks: 56 blocks), never more blocks than SMs, never none.
+TEST(EpPolicy, LowLatencyBlocksGiveEveryPartAWarp) {
+  EXPECT_EQ(unifab::tuner::epLowLatencyBlocks(128 * 7, 16, 132), 56);
+  EXPECT_EQ(unifab::tuner::epLowLatencyBlocks(2 * 1024 * 7, 16, 132), 132);
+  EXPECT_EQ(unifab::tuner::epLowLatencyBlocks(0, 16, 132), 1);
+  EXPECT_EQ(unifab::tuner::epLowLatencyBlocks(1, 16, 132), 1);
+  EXPECT_EQ(unifab::tuner::epLowLatencyBlocks(17, 16, 132), 2);
+}

@@ -1,0 +1,296 @@
+// Host side of the low-latency EP mode: the window layout, the group's device memory, and the
+// validation and launch of each phase (kernels/ep/ll_kernels.h has the protocol).
+#include <algorithm>
+#include <memory>
+
+#include "collectives/common/cuda_check.h"
+#include "collectives/ep/ep_common.h"
+#include "collectives/ep/ep_group.h"
+#include "plugin/params.h"
+#include "tuner/ep_policy.h"
+
+using unifab::Result;
+using unifab::kLogInit;
+using unifab::collectives::ep::aligned16;
+using unifab::collectives::ep::rawEnum;
+namespace kep = unifab::kernels::ep;
+
+namespace {
+
+size_t roundUp(size_t value, size_t to) { return (value + to - 1) / to * to; }
+
+bool validPhase(int phase) {
+  return phase == unifabEpSendAndReceive || phase == unifabEpSendOnly || phase == unifabEpReceiveOnly;
+}
+
+}  // namespace
+
+Result unifabEpGroup::planLowLatencyLayout(const unifabEpConfig_t& config, int nRanks, kep::LlLayout* layout) {
+  UF_CHECK(unifab::collectives::ep::validateConfig(config, nRanks));
+  if (config.mode != unifabEpLowLatency) {
+    return UF_ERROR(unifabInternalError, kExt, "planLowLatencyLayout called for mode %d", rawEnum(config.mode));
+  }
+  kep::LlLayout L{};
+  const size_t tokens = static_cast<size_t>(config.maxTokensPerRank);
+  const int parts = kep::llParts(config.hidden);
+  L.bitWords = static_cast<int>((tokens + 31) / 32);
+  // A message: BF16-sized payload, scales, top-k ids and weights, then one tag per part.
+  L.scalesOffset = config.hidden * 2;
+  L.idsOffset = L.scalesOffset + static_cast<int>(sizeof(float)) * (config.hidden / kep::kScaleBlock);
+  L.weightsOffset = L.idsOffset + static_cast<int>(sizeof(int)) * config.topk;
+  L.tagsOffset = static_cast<int>(roundUp(L.weightsOffset + sizeof(float) * config.topk, sizeof(uint64_t)));
+  L.messageBytes = static_cast<int>(roundUp(L.tagsOffset + sizeof(uint64_t) * parts, 16));
+
+  unifab::collectives::ep::Carver set(nullptr);
+  L.tokenBits = set.reserve(sizeof(uint64_t) * nRanks * L.bitWords);
+  L.messages = set.reserve(static_cast<size_t>(L.messageBytes) * nRanks * tokens);
+  L.partials = set.reserve(sizeof(uint16_t) * config.hidden * nRanks * tokens);
+  L.partialTags = set.reserve(sizeof(uint64_t) * parts * nRanks * tokens);
+  L.setBytes = set.used();
+
+  unifab::collectives::ep::Carver window(nullptr);
+  L.consumed = window.reserve(sizeof(uint64_t) * kep::kLlSets * 2 * nRanks);
+  L.setBase = window.reserve(L.setBytes * kep::kLlSets);
+  L.total = window.used();
+  *layout = L;
+  return unifabSuccess;
+}
+
+Result unifabEpGroup::windowBytes(const unifabEpConfig_t& config, int nRanks, size_t* bytes) {
+  UF_CHECK(unifab::collectives::ep::validateConfig(config, nRanks));
+  if (config.mode == unifabEpLowLatency) {
+    kep::LlLayout layout;
+    UF_CHECK(planLowLatencyLayout(config, nRanks, &layout));
+    *bytes = layout.total;
+  } else {
+    kep::WindowLayout layout;
+    UF_CHECK(planLayout(config, nRanks, &layout));
+    *bytes = layout.total;
+  }
+  return unifabSuccess;
+}
+
+Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
+  const auto& dc = *comm_;
+  kep::LlView& v = llView_;
+  v.rank = dc.rank();
+  v.nRanks = dc.nRanks();
+  v.numExperts = config_.numExperts;
+  v.numLocalExperts = config_.numExperts / dc.nRanks();
+  v.hidden = config_.hidden;
+  v.topk = config_.topk;
+  v.maxTokens = config_.maxTokensPerRank;
+  v.expertStride = v.nRanks * v.maxTokens;
+  v.layout = layout;
+  for (int r = 0; r < dc.nRanks(); ++r) v.peerBase[r] = window_->peerBases()[r];
+  v.timeoutNs = static_cast<uint64_t>(unifab::params().epTimeoutMs) * 1000000ULL;
+  UF_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&v.hostError), hostError_, 0));
+
+  const size_t expertRows = static_cast<size_t>(v.numLocalExperts) * v.expertStride;
+  const size_t slots = static_cast<size_t>(v.nRanks) * v.maxTokens;
+  UF_CHECK(unifab::collectives::ep::allocateCarved(&deviceMemory_, [&](unifab::collectives::ep::Carver& carve) {
+    v.counters = carve.take<kep::LlCounters>(1);
+    v.error = carve.take<int>(1);
+    for (kep::LlSetLocal& set : v.sets) {
+      set.recvX = carve.take<char>(expertRows * v.hidden * 2);
+      set.recvScales = carve.take<float>(expertRows * (v.hidden / kep::kScaleBlock));
+      set.recvSource = carve.take<int>(expertRows * 2);
+      set.recvCount = carve.take<int>(v.numLocalExperts);
+      set.rowCounter = carve.take<int>(v.numLocalExperts);
+      set.rowOf = carve.take<int>(slots * v.topk);
+      set.weightOf = carve.take<float>(slots * v.topk);
+      set.rowsReady = carve.take<uint64_t>(slots);
+      set.tokenRanks = carve.take<uint64_t>(v.maxTokens);
+    }
+  }));
+  defaultSms_ = config_.maxSms > 0 ? std::min(config_.maxSms, deviceSms_) : deviceSms_;
+  UF_INFO(kExt, kLogInit,
+          "EP low-latency group: %d ranks, %d experts (%d per rank), hidden %d, top-%d, %d tokens per rank; window "
+          "%zu MiB, receive rows %zu per set; up to %d SMs per call", v.nRanks, v.numExperts, v.numLocalExperts,
+          v.hidden, v.topk, v.maxTokens, layout.total >> 20, expertRows, defaultSms_);
+  return unifabSuccess;
+}
+
+Result unifabEpGroup::validateLowLatencyDispatch(const unifabEpLowLatencyDispatchArgs_t& a, cudaStream_t stream,
+                                                 unifabEpHandle* receiving) const {
+  if (a.size < sizeof(unifabEpLowLatencyDispatchArgs_t)) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "args->size=%zu, expected %zu: initialise it with UNIFAB_EP_LL_DISPATCH_ARGS_INIT", a.size,
+                    sizeof(unifabEpLowLatencyDispatchArgs_t));
+  }
+  if (!validPhase(rawEnum(a.phase))) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "phase=%d is not a unifabEpPhase_t value (0..2)", rawEnum(a.phase));
+  }
+  UF_CHECK(validateSms(a.numSms));
+  bool capturing = false;
+  UF_CHECK(checkStream(stream, &capturing));
+  if (a.phase == unifabEpReceiveOnly) {
+    if (receiving == nullptr || receiving->group != this || !receiving->lowLatency || !receiving->sent ||
+        receiving->received) {
+      return UF_ERROR(unifabInvalidArgument, kExt,
+                      "a receive-only dispatch needs *handle from a send-only low-latency dispatch on this group whose "
+                      "receive phase has not run");
+    }
+    if (receiving->dispatchSequence != llDispatchReceives_ + 1) {
+      return UF_ERROR(unifabInvalidUsage, kExt,
+                      "receive phases complete sends in their order: this handle's send is #%llu, the next to "
+                      "receive is #%llu", static_cast<unsigned long long>(receiving->dispatchSequence),
+                      static_cast<unsigned long long>(llDispatchReceives_ + 1));
+    }
+    return unifabSuccess;
+  }
+  if (a.numTokens < 0 || a.numTokens > config_.maxTokensPerRank) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "numTokens=%d is outside 0..maxTokensPerRank=%d", a.numTokens,
+                    config_.maxTokensPerRank);
+  }
+  if (rawEnum(a.dtype) != unifabEpBf16 && rawEnum(a.dtype) != unifabEpFp8E4M3) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "dtype=%d is neither unifabEpBf16 nor unifabEpFp8E4M3", rawEnum(a.dtype));
+  }
+  if (rawEnum(a.topkIdxType) != unifabEpIndexInt64 && rawEnum(a.topkIdxType) != unifabEpIndexInt32) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "topkIdxType=%d is neither int64 (0) nor int32 (1)", rawEnum(a.topkIdxType));
+  }
+  if (a.numTokens > 0) {
+    if (a.x == nullptr || !aligned16(a.x)) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "x=%p must be a non-NULL BF16 device pointer aligned to 16 bytes", a.x);
+    }
+    if (a.topkIdx == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "topkIdx=NULL with numTokens=%d", a.numTokens);
+  }
+  // The two sets hold the latest two dispatches: a send that would reuse a set whose receive
+  // phase never ran would leave that dispatch's receive waiting for overwritten data.
+  if (llDispatchSends_ >= llDispatchReceives_ + kep::kLlSets) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "%d low-latency dispatches await their receive phase: complete one before the next send",
+                    kep::kLlSets);
+  }
+  return unifabSuccess;
+}
+
+Result unifabEpGroup::lowLatencyDispatch(const unifabEpLowLatencyDispatchArgs_t& a, cudaStream_t stream,
+                                         unifabEpHandle** handleOut, unifabEpLowLatencyDispatchResult_t* out) {
+  if (config_.mode != unifabEpLowLatency) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "the group was created for high throughput: use unifabEpDispatch");
+  }
+  UF_CHECK(asyncError());
+  const bool receiveOnly = a.size >= sizeof(a) && rawEnum(a.phase) == unifabEpReceiveOnly;
+  UF_CHECK(validateLowLatencyDispatch(a, stream, receiveOnly ? *handleOut : nullptr));
+  if (!receiveOnly && out == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "result=NULL for a send phase");
+  if (out != nullptr && out->size < sizeof(unifabEpLowLatencyDispatchResult_t)) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "result->size=%zu, expected %zu: set it to the struct's size",
+                    out->size, sizeof(unifabEpLowLatencyDispatchResult_t));
+  }
+  const kep::LlView& v = llView_;
+  const int parts = kep::llParts(v.hidden);
+  std::unique_ptr<unifabEpHandle> created;
+  unifabEpHandle* h = receiveOnly ? *handleOut : nullptr;
+  if (!receiveOnly) {
+    created = std::make_unique<unifabEpHandle>();
+    h = created.get();
+    h->group = this;
+    h->lowLatency = true;
+    h->set = static_cast<int>(llDispatchSends_ % kep::kLlSets);
+    h->fp8 = a.dtype == unifabEpFp8E4M3;
+    h->numTokens = a.numTokens;
+    h->dispatchSequence = llDispatchSends_ + 1;
+  }
+  const bool send = !receiveOnly;
+  const bool receive = a.phase != unifabEpSendOnly;
+  kep::LlDispatchInput input{};
+  input.numTokens = h->numTokens;
+  input.x = a.x;
+  input.topkIdx = a.topkIdx;
+  input.topkIdxIs32 = a.topkIdxType == unifabEpIndexInt32;
+  input.topkWeights = a.topkWeights;
+  input.fp8 = h->fp8;
+  input.ue8m0 = a.ue8m0Scales != 0;
+  const int items = std::max(send ? h->numTokens * parts : 0, receive ? v.nRanks * v.maxTokens * parts : 0);
+  const int blocks = unifab::tuner::epLowLatencyBlocks(items, kep::kLlWarpsPerBlock, smsFor(a.numSms));
+  UF_CUDA_CHECK(kep::launchLlDispatch(v, input, h->set, send, receive, blocks, stream));
+  if (send) {
+    ++llDispatchSends_;
+    h->sent = true;
+  }
+  if (receive) {
+    ++llDispatchReceives_;
+    h->received = true;
+  }
+  if (out != nullptr) {
+    const kep::LlSetLocal& set = v.sets[h->set];
+    out->recvX = set.recvX;
+    out->recvScales = h->fp8 ? set.recvScales : nullptr;
+    out->recvSource = set.recvSource;
+    out->recvCount = set.recvCount;
+    out->expertStride = v.expertStride;
+  }
+  if (created) *handleOut = created.release();
+  return unifabSuccess;
+}
+
+Result unifabEpGroup::lowLatencyCombine(unifabEpHandle* h, const unifabEpLowLatencyCombineArgs_t& a,
+                                        cudaStream_t stream) {
+  if (config_.mode != unifabEpLowLatency) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "the group was created for high throughput: use unifabEpCombine");
+  }
+  UF_CHECK(asyncError());
+  if (a.size < sizeof(unifabEpLowLatencyCombineArgs_t)) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "args->size=%zu, expected %zu: initialise it with UNIFAB_EP_LL_COMBINE_ARGS_INIT", a.size,
+                    sizeof(unifabEpLowLatencyCombineArgs_t));
+  }
+  if (h == nullptr || h->group != this || !h->lowLatency) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "handle does not come from a low-latency dispatch on this group");
+  }
+  if (!validPhase(rawEnum(a.phase))) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "phase=%d is not a unifabEpPhase_t value (0..2)", rawEnum(a.phase));
+  }
+  if (!h->received) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "the handle's dispatch has not run its receive phase");
+  }
+  // The handle's set is reused by the dispatch after next (its send writes the set's token ranks).
+  if (h->dispatchSequence + kep::kLlSets <= llDispatchSends_) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "the handle's dispatch (#%llu) is no longer one of the latest %d (#%llu is): its buffers are reused",
+                    static_cast<unsigned long long>(h->dispatchSequence), kep::kLlSets,
+                    static_cast<unsigned long long>(llDispatchSends_));
+  }
+  const bool send = a.phase != unifabEpReceiveOnly;
+  const bool receive = a.phase != unifabEpSendOnly;
+  if (send && h->combineSent) return UF_ERROR(unifabInvalidUsage, kExt, "the handle's combine was already sent");
+  if (!send && (!h->combineSent || h->combineReceived)) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "a receive-only combine needs a handle whose combine was sent, not received");
+  }
+  if (!send && h->combineSequence != llCombineReceives_ + 1) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "receive phases complete combine sends in their order (this is #%llu, next #%llu)",
+                    static_cast<unsigned long long>(h->combineSequence),
+                    static_cast<unsigned long long>(llCombineReceives_ + 1));
+  }
+  if (send && (a.expertOutput == nullptr || !aligned16(a.expertOutput))) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "expertOutput=%p must be a non-NULL device pointer aligned to 16 bytes",
+                    a.expertOutput);
+  }
+  if (receive && h->numTokens > 0 && (a.combinedX == nullptr || !aligned16(a.combinedX))) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "combinedX=%p must be a non-NULL device pointer aligned to 16 bytes",
+                    a.combinedX);
+  }
+  UF_CHECK(validateSms(a.numSms));
+  bool capturing = false;
+  UF_CHECK(checkStream(stream, &capturing));
+  const kep::LlView& v = llView_;
+  const int parts = kep::llParts(v.hidden);
+  kep::LlCombineInput input{};
+  input.numTokens = h->numTokens;
+  input.expertOutput = a.expertOutput;
+  input.weighted = a.weighted != 0;
+  input.combinedX = a.combinedX;
+  const int items = std::max(send ? v.nRanks * v.maxTokens * parts : 0, receive ? h->numTokens * parts : 0);
+  const int blocks = unifab::tuner::epLowLatencyBlocks(items, kep::kLlWarpsPerBlock, smsFor(a.numSms));
+  UF_CUDA_CHECK(kep::launchLlCombine(v, input, h->set, send, receive, blocks, stream));
+  if (send) {
+    h->combineSent = true;
+    h->combineSequence = ++llCombineSends_;
+  }
+  if (receive) {
+    h->combineReceived = true;
+    ++llCombineReceives_;
+  }
+  return unifabSuccess;
+}

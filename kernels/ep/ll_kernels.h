@@ -1,0 +1,107 @@
+// Low-latency expert-parallel dispatch and combine over NVLink (every rank is an LSA peer).
+//
+// Dispatch: every token goes once to each rank that hosts one of its experts, as a message in the
+// receiver's window at a fixed slot [source rank][token], so no sender waits for counts. A message
+// is cut into parts of kLlPartValues values, each written by one warp and followed by its own
+// epoch tag, so that many warps carry one token at once. Each sender also writes, per 32 tokens, a
+// tagged bitmap of the tokens it sends, which tells the receiver what to wait for. The receiver
+// places each message in the region of every local expert it names (rows handed out in arrival
+// order by a counter per expert) and notes the rows for combine.
+//
+// Combine: the expert side sums each message's expert outputs (in top-k order, weighted) into one
+// BF16 partial per (token, rank) and writes it, part by part with a tag each, into the token's
+// rank; the token's rank sums the partials in rank order.
+//
+// Two buffer sets alternate between dispatches (the host picks the set); epochs count the calls
+// of each phase on the device, so a captured graph replays with fresh tags. Before writing into a
+// set, a sender waits until every receiver has finished reading that set's previous contents.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/ep/ep_types.h"
+
+namespace unifab::kernels::ep {
+
+constexpr int kLlPartValues = 1024;  // values per message part: one warp, 32 values per lane
+constexpr int kLlSets = 2;
+constexpr int kLlWarpsPerBlock = 16;  // a phase of a few hundred parts spreads over many SMs
+
+UNIFAB_HOST_DEVICE inline int llParts(int hidden) { return (hidden + kLlPartValues - 1) / kLlPartValues; }
+
+// Byte offsets into the window (identical on every rank). Set b's arrays start at
+// setBase + b * setBytes; the offsets below are relative to that.
+struct LlLayout {
+  size_t consumed;      // uint64 [kLlSets][2 (dispatch, combine)][nRanks]: epoch of the last call
+                        //   whose data in that set rank d has finished reading (written by d)
+  size_t setBase;
+  size_t setBytes;
+  size_t tokenBits;     // uint64 [nRanks][bitWords]: tagged bitmaps of the tokens rank s sends us
+  size_t messages;      // [nRanks][maxTokens][messageBytes]: slot of (source rank, token)
+  size_t partials;      // bf16 [nRanks][maxTokens][hidden]: combine partial of rank d for our token t
+  size_t partialTags;   // uint64 [nRanks][maxTokens][parts]
+  size_t total;
+  int bitWords;         // ceil(maxTokens / 32)
+  int messageBytes;     // payload (sized for BF16) | scales | top-k ids | top-k weights | part tags
+  int scalesOffset, idsOffset, weightsOffset, tagsOffset;
+};
+
+// Per-set arrays in ordinary device memory (this GPU only).
+struct LlSetLocal {
+  char* recvX;          // [numLocalExperts][expertStride][hidden * bytes per value]
+  float* recvScales;    // [numLocalExperts][expertStride][hidden / kScaleBlock]
+  int* recvSource;      // [numLocalExperts][expertStride][2]
+  int* recvCount;       // [numLocalExperts]
+  int* rowCounter;      // [numLocalExperts]: rows handed out so far (zero between calls)
+  int* rowOf;           // [nRanks][maxTokens][topk]: row (e * expertStride + i) of message (s, t)'s
+                        //   k-th expert, -1 where that expert is not ours or there is no message
+  float* weightOf;      // [nRanks][maxTokens][topk]
+  uint64_t* rowsReady;  // [nRanks][maxTokens]: dispatch epoch whose rows of (s, t) are noted
+  uint64_t* tokenRanks; // [maxTokens]: ranks each of this rank's tokens went to
+};
+
+// Device-side call counters: the epoch of the last completed call of each phase, the last epoch
+// written into each set, and the grid's finish counters.
+struct LlCounters {
+  uint64_t dispatchSend, dispatchRecv, combineSend, combineRecv;
+  uint64_t dispatchSetUse[kLlSets], combineSetUse[kLlSets];
+  unsigned finished[2];  // [send, receive] phase of the running kernel
+};
+
+struct LlView {
+  int rank, nRanks, numExperts, numLocalExperts, hidden, topk, maxTokens;
+  int expertStride;     // nRanks * maxTokens rows per local expert
+  LlLayout layout;
+  char* peerBase[kMaxRanks];
+  LlSetLocal sets[kLlSets];
+  LlCounters* counters;
+  int* error;
+  int* hostError;
+  uint64_t timeoutNs;
+};
+
+struct LlDispatchInput {
+  int numTokens;
+  const void* x;             // [numTokens][hidden] BF16
+  const void* topkIdx;
+  bool topkIdxIs32;
+  const float* topkWeights;  // or null: 1
+  bool fp8;
+  bool ue8m0;
+};
+
+struct LlCombineInput {
+  int numTokens;             // of the dispatch (this rank's tokens)
+  const void* expertOutput;  // BF16 [numLocalExperts][expertStride][hidden]
+  bool weighted;
+  void* combinedX;           // [numTokens][hidden] BF16
+};
+
+// One kernel: the send phase and/or the receive phase of a dispatch into set `set`.
+cudaError_t launchLlDispatch(const LlView& view, const LlDispatchInput& input, int set, bool send, bool receive,
+                             int numBlocks, cudaStream_t stream);
+// One kernel: the send phase and/or the receive phase of the combine of the dispatch in `set`.
+cudaError_t launchLlCombine(const LlView& view, const LlCombineInput& input, int set, bool send, bool receive,
+                            int numBlocks, cudaStream_t stream);
+
+}  // namespace unifab::kernels::ep

@@ -1,0 +1,227 @@
+// unifab-bench ep --mode ll: low-latency dispatch and combine for decoding-sized batches, one
+// process per GPU. For each token count: both phases in one call, the send and the receive phase
+// timed apart (the receive after a flush and a barrier, as when compute overlaps the transfer),
+// dispatch + combine back to back, and NCCL's grouped send/recv moving the same rows. Bandwidth
+// per (token, expert) selection, as DeepEP counts its low-latency kernels: FP8 dispatch
+// hidden + hidden/128 * 4 + 16 bytes, BF16 combine hidden * 2 bytes.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/bench/bench_common.h"
+#include "tests/bench/ep_timing.h"
+#include "tests/common/ep_device.h"
+#include "tests/common/ep_reference.h"
+#include "tests/common/nccl_session.h"
+#include "tests/common/test_util.h"
+#include "unifab/unifab.h"
+
+namespace unifab::bench {
+namespace {
+
+struct LlRun {
+  std::vector<int> tokens;
+  int hidden, topk, experts, sms, iters, warmup;
+  bool fp8;
+  std::string csv;
+};
+
+struct LlRow {
+  std::string op;
+  int tokens;
+  OpTimes t;
+  double bytes;  // per-selection bytes the op moves (0: none reported)
+};
+
+bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
+  test::NcclSession session;
+  if (!session.init(env)) return false;
+  test::ep::Shape shape;
+  shape.nRanks = env.nRanks;
+  shape.numExperts = run.experts;
+  shape.hidden = run.hidden;
+  shape.topk = run.topk;
+  shape.maxTokens = *std::max_element(run.tokens.begin(), run.tokens.end());
+  unifabEpConfig_t config = test::ep::groupConfig(shape);
+  config.mode = unifabEpLowLatency;
+  unifabEpGroup_t group = nullptr;
+  TEST_UNIFAB_CHECK(unifabEpCreate(session.comm(), &config, &group));
+  // Uniform routing, no masked entries, BF16 activations.
+  test::ep::RankInput input = test::ep::makeInput(shape, env.rank, 777, false, 0, shape.maxTokens);
+  test::ep::DeviceInput device;
+  if (!device.allocate(shape) || !device.upload(input, false, session.stream())) return false;
+  const size_t expertRows = static_cast<size_t>(shape.localExperts()) * shape.nRanks * shape.maxTokens;
+  void *expertOut = nullptr, *combined = nullptr;
+  TEST_CUDA_CHECK(cudaMalloc(&expertOut, expertRows * run.hidden * 2));
+  TEST_CUDA_CHECK(cudaMemset(expertOut, 0, expertRows * run.hidden * 2));
+  TEST_CUDA_CHECK(cudaMalloc(&combined, static_cast<size_t>(shape.maxTokens) * run.hidden * 2));
+  Timer timer;
+  TEST_CUDA_CHECK(cudaEventCreate(&timer.start));
+  TEST_CUDA_CHECK(cudaEventCreate(&timer.stop));
+  TEST_CUDA_CHECK(cudaMalloc(&timer.flush, timer.flushBytes));
+
+  const double dispatchRowBytes = run.fp8 ? run.hidden + run.hidden / 128.0 * 4 + 16 : run.hidden * 2.0;
+  const double combineRowBytes = run.hidden * 2.0;
+  std::vector<LlRow> rows;
+  for (int tokens : run.tokens) {
+    unifabEpLowLatencyDispatchArgs_t args = UNIFAB_EP_LL_DISPATCH_ARGS_INIT;
+    args.numTokens = tokens;
+    args.x = device.x;
+    args.topkIdx = device.topk;
+    args.topkWeights = device.weights;
+    args.dtype = run.fp8 ? unifabEpFp8E4M3 : unifabEpBf16;
+    args.numSms = run.sms;
+    unifabEpLowLatencyCombineArgs_t cargs = UNIFAB_EP_LL_COMBINE_ARGS_INIT;
+    cargs.expertOutput = expertOut;
+    cargs.combinedX = combined;
+    cargs.numSms = run.sms;
+    unifabEpHandle_t handle = nullptr;
+    unifabEpLowLatencyDispatchResult_t result;
+    result.size = sizeof(result);
+    auto dispatch = [&](unifabEpPhase_t phase) {
+      args.phase = phase;
+      return unifabEpLowLatencyDispatch(group, &args, session.stream(), &handle, &result) == unifabSuccess;
+    };
+    auto combine = [&](unifabEpPhase_t phase) {
+      cargs.phase = phase;
+      return unifabEpLowLatencyCombine(group, handle, &cargs, session.stream()) == unifabSuccess;
+    };
+    auto release = [&] {
+      const bool ok = unifabEpHandleDestroy(handle) == unifabSuccess;
+      handle = nullptr;
+      return ok;
+    };
+    auto nothing = [] { return true; };
+    auto both = [&] { return dispatch(unifabEpSendAndReceive); };
+    auto sendOnly = [&] { return dispatch(unifabEpSendOnly); };
+    auto receiveOnly = [&] { return dispatch(unifabEpReceiveOnly); };
+    auto combineBoth = [&] { return combine(unifabEpSendAndReceive); };
+    auto combineSend = [&] { return combine(unifabEpSendOnly); };
+    auto combineReceive = [&] { return combine(unifabEpReceiveOnly); };
+    const double selections = static_cast<double>(tokens) * run.topk;
+    OpTimes t;
+    auto add = [&](const char* op, double rowBytes) {
+      rows.push_back({op, tokens, t, selections * rowBytes});
+      t = OpTimes{};
+    };
+    const int iters = run.iters, warmup = run.warmup;
+    if (!timeOp(session, timer, iters, warmup, nothing, both, release, false, &t)) return false;
+    add("dispatch", dispatchRowBytes);
+    if (!timeOp(session, timer, iters, warmup, nothing, sendOnly, [&] { return receiveOnly() && release(); }, false, &t)) return false;
+    add("  send phase", dispatchRowBytes);
+    if (!timeOp(session, timer, iters, warmup, sendOnly, receiveOnly, release, false, &t)) return false;
+    add("  receive phase", 0);
+    if (!timeOp(session, timer, iters, warmup, both, combineBoth, release, false, &t)) return false;
+    add("combine", combineRowBytes);
+    if (!timeOp(session, timer, iters, warmup, both, combineSend, [&] { return combineReceive() && release(); }, false, &t)) return false;
+    add("  send phase", combineRowBytes);
+    if (!timeOp(session, timer, iters, warmup, [&] { return both() && combineSend(); }, combineReceive, release, false, &t)) return false;
+    add("  receive phase", 0);
+    if (!timeOp(session, timer, iters, warmup, nothing, [&] { return both() && combineBoth(); }, release, false, &t)) return false;
+    add("dispatch + combine", 0);
+
+    // NCCL's grouped send/recv of the rows unifab moves: one per (token, destination rank).
+    const int local = run.experts / env.nRanks;
+    const size_t dispatchBytes = static_cast<size_t>(run.hidden) * (run.fp8 ? 1 : 2) + (run.fp8 ? run.hidden / 128 * 4 : 0);
+    // Every rank's routing is known here (the inputs are generated from (seed, rank)), so each
+    // receive matches its peer's send exactly.
+    std::vector<std::vector<size_t>> rowsTo(env.nRanks, std::vector<size_t>(env.nRanks, 0));
+    for (int r = 0; r < env.nRanks; ++r) {
+      const test::ep::RankInput other = r == env.rank ? input : test::ep::makeInput(shape, r, 777, false, 0, shape.maxTokens);
+      for (int tok = 0; tok < tokens; ++tok) {
+        uint64_t mask = 0;
+        for (int k = 0; k < run.topk; ++k) {
+          const int64_t e = other.topk[static_cast<size_t>(tok) * run.topk + k];
+          if (e >= 0) mask |= 1ULL << (e / local);
+        }
+        for (int d = 0; d < env.nRanks; ++d) rowsTo[r][d] += (mask >> d) & 1ULL;
+      }
+    }
+    char *a2aSend = nullptr, *a2aRecv = nullptr;
+    const size_t stride = static_cast<size_t>(tokens) * run.hidden * 2;
+    TEST_CUDA_CHECK(cudaMalloc(&a2aSend, stride * env.nRanks));
+    TEST_CUDA_CHECK(cudaMalloc(&a2aRecv, stride * env.nRanks));
+    for (size_t rowBytes : {dispatchBytes, static_cast<size_t>(run.hidden) * 2}) {
+      std::vector<size_t> sendBytes(env.nRanks), recvBytes(env.nRanks);
+      for (int d = 0; d < env.nRanks; ++d) {
+        sendBytes[d] = rowsTo[env.rank][d] * rowBytes;
+        recvBytes[d] = rowsTo[d][env.rank] * rowBytes;
+      }
+      auto alltoall = [&] { return session.exchange(a2aSend, a2aRecv, stride, sendBytes.data(), recvBytes.data()); };
+      if (!timeOp(session, timer, iters, warmup, alltoall, &t)) return false;
+      add(rowBytes == dispatchBytes ? "nccl send/recv, dispatch rows" : "nccl send/recv, combine rows",
+          rowBytes == dispatchBytes ? dispatchRowBytes : combineRowBytes);
+    }
+    TEST_CUDA_CHECK(cudaFree(a2aSend));
+    TEST_CUDA_CHECK(cudaFree(a2aRecv));
+  }
+  TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
+
+  if (env.rank == 0) {
+    printf("# unifab-bench ep ll: %d ranks, hidden %d, top-%d, %d experts, %s dispatch, BF16 combine, SMs %s\n",
+           env.nRanks, run.hidden, run.topk, run.experts, run.fp8 ? "FP8" : "BF16",
+           run.sms > 0 ? std::to_string(run.sms).c_str() : "auto");
+    printf("# median and p99 of %d after %d warm-up, L2 flushed, slowest rank; GB/s per (token, expert) selection\n",
+           run.iters, run.warmup);
+    printf("# %6s %-32s %10s %10s %10s %10s\n", "tokens", "op", "time(us)", "p99(us)", "GB/s", "host(us)");
+    for (const LlRow& row : rows) {
+      const std::string rate = row.bytes > 0 ? std::to_string(row.bytes / (row.t.us * 1e3)).substr(0, 6) : "-";
+      printf("  %6d %-32s %10.1f %10.1f %10s %10.1f\n", row.tokens, row.op.c_str(), row.t.us, row.t.p99Us, rate.c_str(),
+             row.t.hostUs);
+    }
+    if (!run.csv.empty()) {
+      FILE* f = fopen(run.csv.c_str(), "w");
+      if (f != nullptr) {
+        fprintf(f, "op,ranks,tokens,hidden,topk,experts,dtype,sms,time_us,p99_us,selection_gbs,host_us\n");
+        for (const LlRow& row : rows) {
+          fprintf(f, "%s,%d,%d,%d,%d,%d,%s,%d,%.2f,%.2f,%.2f,%.2f\n", row.op.c_str(), env.nRanks, row.tokens, run.hidden,
+                  run.topk, run.experts, run.fp8 ? "fp8" : "bf16", run.sms, row.t.us, row.t.p99Us,
+                  row.bytes > 0 ? row.bytes / (row.t.us * 1e3) : 0.0, row.t.hostUs);
+        }
+        fclose(f);
+      }
+    }
+  }
+  cudaFree(expertOut);
+  cudaFree(combined);
+  TEST_UNIFAB_CHECK(unifabEpDestroy(group));
+  return true;
+}
+
+}  // namespace
+
+int runEpLowLatency(Args& args, const char* self) {
+  LlRun run;
+  std::stringstream list(args.value("--tokens", "1,32,128"));
+  for (std::string item; std::getline(list, item, ',');) run.tokens.push_back(atoi(item.c_str()));
+  run.hidden = atoi(args.value("--hidden", "7168").c_str());
+  run.topk = atoi(args.value("--topk", "8").c_str());
+  run.experts = atoi(args.value("--experts", "256").c_str());
+  run.sms = atoi(args.value("--sms", "0").c_str());
+  run.iters = atoi(args.value("--iters", "50").c_str());
+  run.warmup = atoi(args.value("--warmup", "10").c_str());
+  const std::string dtype = args.value("--dtype", "fp8");
+  run.fp8 = dtype == "fp8";
+  run.csv = args.value("--csv", "");
+  std::string ranksText = args.value("--nranks", "0");
+  if (!args.leftovers().empty()) {
+    fprintf(stderr, "unifab-bench ep --mode ll: unknown argument '%s'\n", args.leftovers()[0].c_str());
+    return 2;
+  }
+  bool tokensOk = !run.tokens.empty();
+  for (int t : run.tokens) tokensOk = tokensOk && t >= 1 && t <= 1024;
+  if ((dtype != "bf16" && dtype != "fp8") || !tokensOk) {
+    fprintf(stderr, "unifab-bench ep --mode ll: --dtype is bf16 or fp8 (got %s); --tokens is a list in 1..1024\n",
+            dtype.c_str());
+    return 2;
+  }
+  test::RankEnvironment env = test::rankEnvironment();
+  if (env.launched) return runLlRank(run, env) ? 0 : 1;
+  return relaunchPerGpu(self, "ep", args, atoi(ranksText.c_str()), {});
+}
+
+}  // namespace unifab::bench

@@ -1,0 +1,81 @@
+// How unifab-bench ep times an operation: CUDA events around one call after an L2 flush and a
+// barrier (every rank starts together), the median and 99th percentile over the iterations, the
+// time per call of calls issued back to back, and the host time inside one call; each reduced to
+// the slowest rank.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "tests/bench/bench_common.h"
+#include "tests/common/nccl_session.h"
+#include "tests/common/test_util.h"
+
+namespace unifab::bench {
+
+struct Timer {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  void* flush = nullptr;
+  size_t flushBytes = size_t{256} << 20;
+};
+
+struct OpTimes {
+  double us = 0, p99Us = 0, backToBackUs = 0, hostUs = 0;
+};
+constexpr int kBackToBack = 10;
+
+// Times op() with setup() before the flush (untimed) and teardown() after the stop event
+// (untimed): e.g. the dispatch a combine needs, or the receive phase that completes a timed send.
+// Back-to-back time only where op needs no setup or teardown.
+template <typename Setup, typename Op, typename Teardown>
+bool timeOp(test::NcclSession& session, Timer& timer, int iters, int warmup, Setup setup, Op op, Teardown teardown,
+            bool backToBack, OpTimes* times) {
+  for (int i = 0; i < warmup; ++i) {
+    if (!setup() || !op() || !teardown()) return false;
+  }
+  std::vector<double> samples, host;
+  for (int i = 0; i < iters; ++i) {
+    if (!setup()) return false;
+    TEST_CUDA_CHECK(cudaMemsetAsync(timer.flush, i & 0xff, timer.flushBytes, session.stream()));
+    if (!session.barrier(false)) return false;
+    TEST_CUDA_CHECK(cudaEventRecord(timer.start, session.stream()));
+    const double hostStart = test::nowSeconds();
+    if (!op()) return false;
+    host.push_back((test::nowSeconds() - hostStart) * 1e6);
+    TEST_CUDA_CHECK(cudaEventRecord(timer.stop, session.stream()));
+    if (!teardown()) return false;
+    TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
+    float ms = 0;
+    TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, timer.start, timer.stop));
+    samples.push_back(ms * 1000.0);
+  }
+  times->us = median(samples);
+  times->p99Us = percentile(samples, 0.99);
+  times->hostUs = median(host);
+  times->backToBackUs = 0;
+  if (!session.barrier(true)) return false;
+  if (backToBack) {
+    TEST_CUDA_CHECK(cudaEventRecord(timer.start, session.stream()));
+    for (int i = 0; i < kBackToBack; ++i) {
+      if (!op()) return false;
+    }
+    TEST_CUDA_CHECK(cudaEventRecord(timer.stop, session.stream()));
+    TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
+    float ms = 0;
+    TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, timer.start, timer.stop));
+    times->backToBackUs = ms * 1000.0 / kBackToBack;
+  }
+  for (double* value : {&times->us, &times->p99Us, &times->backToBackUs, &times->hostUs}) {
+    if (!session.maxOverRanks(value)) return false;
+  }
+  return true;
+}
+
+template <typename Op>
+bool timeOp(test::NcclSession& session, Timer& timer, int iters, int warmup, Op op, OpTimes* times) {
+  auto nothing = [] { return true; };
+  return timeOp(session, timer, iters, warmup, nothing, op, nothing, true, times);
+}
+
+}  // namespace unifab::bench
