@@ -91,13 +91,20 @@ __device__ __forceinline__ bool waitBounded(const WaitBounds& w, int timeoutCode
 }
 
 // Every block of a grid calls this when its share is written (all threads of the block). The
-// last block to arrive gets true, with all other blocks' writes ordered before what it does next
-// (system scope: a peer GPU may be told next). `finished` returns to zero for the next kernel.
+// last block to arrive gets true, with all other blocks' writes ordered before what it does next:
+// at system scope when it then tells a peer GPU that those writes landed, at GPU scope when only
+// this GPU (or a peer that needs no data of ours) hears of it. `finished` returns to zero for the
+// next kernel.
+template <bool kSystemScope = true>
 __device__ __forceinline__ bool lastBlockToFinish(unsigned* finished) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence_system();
+    if (kSystemScope) {
+      __threadfence_system();
+    } else {
+      __threadfence();
+    }
     last = atomicAdd(finished, 1u) == gridDim.x - 1;
     if (last) {
       __threadfence();

@@ -100,16 +100,17 @@ __device__ __forceinline__ int4 floatToBf16x8(const float* f) {
   return v;
 }
 
-// Threads d < nRanks of every block: until rank d has finished reading what this rank last wrote
-// into `set` for `op` (0 dispatch, 1 combine). False in every thread when a wait failed.
-__device__ bool waitSetFree(const LlView& g, int set, int op, uint64_t lastUse) {
+// Lanes of a warp, one per rank: until every rank has finished reading what this rank last wrote
+// into `set` for `op` (0 dispatch, 1 combine). Per warp, just before its first write into a peer's
+// set, so that the check overlaps the warp's own loads. The same answer in every lane.
+__device__ bool warpSetFree(const LlView& g, int set, int op, uint64_t lastUse, int lane) {
   bool ok = true;
   const uint64_t* consumed = reinterpret_cast<const uint64_t*>(at(g, g.rank, g.layout.consumed)) +
                              (static_cast<size_t>(set) * 2 + op) * g.nRanks;
-  for (int d = threadIdx.x; d < g.nRanks && ok; d += blockDim.x) {
+  for (int d = lane; d < g.nRanks && ok; d += kWarp) {
     ok = waitUntil<false>(g, [&] { return loadRelaxed(consumed + d) >= lastUse; });
   }
-  return __syncthreads_or(!ok) == 0;
+  return warpAll(ok);
 }
 
 // Tells every rank that this rank has read all it was sent in `set` for `op` up to `epoch`.
@@ -122,11 +123,15 @@ __device__ void releaseSet(const LlView& g, int set, int op, uint64_t epoch) {
 
 // ---- dispatch ---------------------------------------------------------------------------------
 
-__device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch) {
+__device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, uint64_t lastUse) {
   const int lane = threadIdx.x % kWarp;
   const int warp = blockIdx.x * kWarps + threadIdx.x / kWarp;
   const int warps = gridDim.x * kWarps;
-  if (!waitSetFree(g, set, 0, g.counters->dispatchSetUse[set])) return;
+  bool setFree = false;
+  auto mayWrite = [&] {
+    if (!setFree) setFree = warpSetFree(g, set, 0, lastUse, lane);
+    return setFree;
+  };
   const LlSetLocal& local = g.sets[set];
   const size_t bitsOffset = setOffset(g, set) + g.layout.tokenBits;
 
@@ -145,6 +150,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
       }
     }
     if (t < g.maxTokens) local.tokenRanks[t] = mask;
+    if (!mayWrite()) return;
     for (int d = 0; d < g.nRanks; ++d) {
       const unsigned bits = __ballot_sync(0xffffffff, (mask >> d) & 1ULL);
       if (lane == d % kWarp) {
@@ -158,13 +164,9 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   const int parts = llParts(g.hidden);
   for (int item = warp; item < in.numTokens * parts; item += warps) {
     const int t = item / parts, p = item % parts;
-    const int id = tokenExpert(g, in, t, lane);
-    const uint64_t ranks = ranksOf(g, id);
-    if (ranks == 0) continue;
-    const float weight =
-        lane < g.topk && in.topkWeights != nullptr ? in.topkWeights[static_cast<size_t>(t) * g.topk + lane] : 1.0f;
     const int first = p * kLlPartValues;
     const int partValues = min(kLlPartValues, g.hidden - first);
+    // The part's values first: their loads overlap the routing's.
     const int4* src = reinterpret_cast<const int4*>(static_cast<const __nv_bfloat16*>(in.x) + static_cast<size_t>(t) * g.hidden + first);
     int4 raw[kVectorsPerLane];
 #pragma unroll
@@ -172,6 +174,11 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
       const bool valid = i * 256 + lane * 8 < partValues;
       raw[i] = valid ? __ldg(src + i * kWarp + lane) : int4{0, 0, 0, 0};
     }
+    const int id = tokenExpert(g, in, t, lane);
+    const float weight =
+        lane < g.topk && in.topkWeights != nullptr ? in.topkWeights[static_cast<size_t>(t) * g.topk + lane] : 1.0f;
+    const uint64_t ranks = ranksOf(g, id);
+    if (ranks == 0) continue;
     uint2 quantized[kVectorsPerLane];
     float scale[kVectorsPerLane];
     if (in.fp8) {
@@ -195,6 +202,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
         quantized[i] = toFp8x8(v, __frcp_rn(s));
       }
     }
+    if (!mayWrite()) return;
     for (uint64_t m = ranks; m != 0; m &= m - 1) {
       const int d = __ffsll(static_cast<long long>(m)) - 1;
       char* msg = messageAt(g, d, set, g.rank, t);
@@ -254,30 +262,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     }
     const char* msg = messageAt(g, g.rank, set, s, t);
     if (!warpAll(waitTag(g, reinterpret_cast<const uint64_t*>(msg + g.layout.tagsOffset) + p, epoch))) return;
-    int row = -1;
-    if (p == 0) {
-      if (lane < g.topk) {
-        const int id = __ldcv(reinterpret_cast<const int*>(msg + g.layout.idsOffset) + lane);
-        if (id >= firstExpert && id < firstExpert + g.numLocalExperts) {
-          const int e = id - firstExpert;
-          row = e * g.expertStride + atomicAdd(local.rowCounter + e, 1);
-          local.recvSource[static_cast<size_t>(row) * 2] = s;
-          local.recvSource[static_cast<size_t>(row) * 2 + 1] = t;
-        }
-        rowOf[lane] = row;
-        local.weightOf[static_cast<size_t>(slot) * g.topk + lane] =
-            __ldcv(reinterpret_cast<const float*>(msg + g.layout.weightsOffset) + lane);
-      }
-      __syncwarp();
-      __threadfence();
-      if (lane == 0) *reinterpret_cast<volatile uint64_t*>(local.rowsReady + slot) = epoch;
-    } else {
-      const uint64_t* ready = local.rowsReady + slot;
-      if (!warpAll(waitUntil<true>(g, [&] { return *reinterpret_cast<const volatile uint64_t*>(ready) == epoch; }))) return;
-      __threadfence();
-      if (lane < g.topk) row = __ldcg(rowOf + lane);
-    }
-    // The part's bytes once, stored to the row of every local expert the message names.
+    // The part's bytes, loaded while the rows are handed out (part 0) or awaited (other parts).
     const int first = p * kLlPartValues;
     const int partValues = min(kLlPartValues, g.hidden - first);
     const int partVectors = partValues * valueBytes / 16;
@@ -292,6 +277,29 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     if (in.fp8 && lane < partScales) {
       scale = __ldcv(reinterpret_cast<const float*>(msg + g.layout.scalesOffset) + first / kScaleBlock + lane);
     }
+    int row = -1;
+    if (p == 0) {
+      if (lane < g.topk) {
+        const int id = __ldcv(reinterpret_cast<const int*>(msg + g.layout.idsOffset) + lane);
+        const float weight = __ldcv(reinterpret_cast<const float*>(msg + g.layout.weightsOffset) + lane);
+        if (id >= firstExpert && id < firstExpert + g.numLocalExperts) {
+          const int e = id - firstExpert;
+          row = e * g.expertStride + atomicAdd(local.rowCounter + e, 1);
+          local.recvSource[static_cast<size_t>(row) * 2] = s;
+          local.recvSource[static_cast<size_t>(row) * 2 + 1] = t;
+        }
+        rowOf[lane] = row;
+        local.weightOf[static_cast<size_t>(slot) * g.topk + lane] = weight;
+      }
+      __syncwarp();
+      __threadfence();
+      if (lane == 0) *reinterpret_cast<volatile uint64_t*>(local.rowsReady + slot) = epoch;
+    } else {
+      const uint64_t* ready = local.rowsReady + slot;
+      if (!warpAll(waitUntil<true>(g, [&] { return *reinterpret_cast<const volatile uint64_t*>(ready) == epoch; }))) return;
+      __threadfence();
+      if (lane < g.topk) row = __ldcg(rowOf + lane);
+    }
     for (unsigned targets = __ballot_sync(0xffffffff, row >= 0); targets != 0; targets &= targets - 1) {
       const int k = __ffs(targets) - 1;
       const size_t to = static_cast<size_t>(__shfl_sync(0xffffffff, row, k));
@@ -305,25 +313,26 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
   }
 }
 
-__global__ void __launch_bounds__(kThreads) llDispatchKernel(LlView g, LlDispatchInput in, int set, bool send,
+__global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDispatchInput in, int set, bool send,
                                                              bool receive) {
-  __shared__ uint64_t epochs[2];
+  __shared__ uint64_t epochs[3];  // send, receive, the last send into `set`
   if (threadIdx.x == 0) {
     epochs[0] = g.counters->dispatchSend + 1;
     epochs[1] = g.counters->dispatchRecv + 1;
+    epochs[2] = g.counters->dispatchSetUse[set];
   }
   __syncthreads();
   if (timedOut(g)) return;
   if (send) {
-    dispatchSend(g, in, set, epochs[0]);
-    if (lastBlockToFinish(&g.counters->finished[0]) && threadIdx.x == 0) {
+    dispatchSend(g, in, set, epochs[0], epochs[2]);
+    if (lastBlockToFinish<false>(&g.counters->finished[0]) && threadIdx.x == 0) {
       g.counters->dispatchSetUse[set] = epochs[0];
       g.counters->dispatchSend = epochs[0];
     }
   }
   if (receive) {
     dispatchReceive(g, in, set, epochs[1]);
-    if (lastBlockToFinish(&g.counters->finished[1])) {
+    if (lastBlockToFinish<false>(&g.counters->finished[1])) {
       const LlSetLocal& local = g.sets[set];
       for (int e = threadIdx.x; e < g.numLocalExperts; e += blockDim.x) {
         local.recvCount[e] = __ldcg(local.rowCounter + e);
@@ -337,11 +346,11 @@ __global__ void __launch_bounds__(kThreads) llDispatchKernel(LlView g, LlDispatc
 
 // ---- combine ----------------------------------------------------------------------------------
 
-__device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, uint64_t epoch) {
+__device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, uint64_t epoch, uint64_t lastUse) {
   const int lane = threadIdx.x % kWarp;
   const int warp = blockIdx.x * kWarps + threadIdx.x / kWarp;
   const int warps = gridDim.x * kWarps;
-  if (!waitSetFree(g, set, 1, g.counters->combineSetUse[set])) return;
+  bool setFree = false;
   const LlSetLocal& local = g.sets[set];
   const int parts = llParts(g.hidden);
   const int vectors = g.hidden / 8;
@@ -385,6 +394,7 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
         for (int j = 0; j < 8; ++j) acc[i][j] = in.weighted ? __fmaf_rn(w, f[j], acc[i][j]) : __fadd_rn(acc[i][j], f[j]);
       }
     }
+    if (!setFree && !(setFree = warpSetFree(g, set, 1, lastUse, lane))) return;
     char* partials = at(g, s, setOffset(g, set) + g.layout.partials);
     int4* dst = reinterpret_cast<int4*>(partials) + (static_cast<size_t>(g.rank) * g.maxTokens + t) * vectors + firstVector;
 #pragma unroll
@@ -450,25 +460,26 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
   }
 }
 
-__global__ void __launch_bounds__(kThreads) llCombineKernel(LlView g, LlCombineInput in, int set, bool send,
+__global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombineInput in, int set, bool send,
                                                             bool receive) {
-  __shared__ uint64_t epochs[2];
+  __shared__ uint64_t epochs[3];  // send, receive, the last send into `set`
   if (threadIdx.x == 0) {
     epochs[0] = g.counters->combineSend + 1;
     epochs[1] = g.counters->combineRecv + 1;
+    epochs[2] = g.counters->combineSetUse[set];
   }
   __syncthreads();
   if (timedOut(g)) return;
   if (send) {
-    combineSend(g, in, set, epochs[0]);
-    if (lastBlockToFinish(&g.counters->finished[0]) && threadIdx.x == 0) {
+    combineSend(g, in, set, epochs[0], epochs[2]);
+    if (lastBlockToFinish<false>(&g.counters->finished[0]) && threadIdx.x == 0) {
       g.counters->combineSetUse[set] = epochs[0];
       g.counters->combineSend = epochs[0];
     }
   }
   if (receive) {
     combineReceive(g, in, set, epochs[1]);
-    if (lastBlockToFinish(&g.counters->finished[1])) {
+    if (lastBlockToFinish<false>(&g.counters->finished[1])) {
       releaseSet(g, set, 1, epochs[1]);
       if (threadIdx.x == 0) g.counters->combineRecv = epochs[1];
     }

@@ -109,7 +109,7 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
       t = OpTimes{};
     };
     const int iters = run.iters, warmup = run.warmup;
-    if (!timeOp(session, timer, iters, warmup, nothing, both, release, false, &t)) return false;
+    if (!timeOp(session, timer, iters, warmup, nothing, both, release, true, &t)) return false;
     add("dispatch", dispatchRowBytes);
     if (!timeOp(session, timer, iters, warmup, nothing, sendOnly, [&] { return receiveOnly() && release(); }, false, &t)) return false;
     add("  send phase", dispatchRowBytes);
@@ -121,7 +121,7 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
     add("  send phase", combineRowBytes);
     if (!timeOp(session, timer, iters, warmup, [&] { return both() && combineSend(); }, combineReceive, release, false, &t)) return false;
     add("  receive phase", 0);
-    if (!timeOp(session, timer, iters, warmup, nothing, [&] { return both() && combineBoth(); }, release, false, &t)) return false;
+    if (!timeOp(session, timer, iters, warmup, nothing, [&] { return both() && combineBoth(); }, release, true, &t)) return false;
     add("dispatch + combine", 0);
 
     // NCCL's grouped send/recv of the rows unifab moves: one per (token, destination rank).
@@ -165,13 +165,14 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
     printf("# unifab-bench ep ll: %d ranks, hidden %d, top-%d, %d experts, %s dispatch, BF16 combine, SMs %s\n",
            env.nRanks, run.hidden, run.topk, run.experts, run.fp8 ? "FP8" : "BF16",
            run.sms > 0 ? std::to_string(run.sms).c_str() : "auto");
-    printf("# median and p99 of %d after %d warm-up, L2 flushed, slowest rank; GB/s per (token, expert) selection\n",
-           run.iters, run.warmup);
-    printf("# %6s %-32s %10s %10s %10s %10s\n", "tokens", "op", "time(us)", "p99(us)", "GB/s", "host(us)");
+    printf("# median and p99 of %d after %d warm-up, L2 flushed, slowest rank; GB/s per (token, expert) selection;"
+           " b2b = per call of %d in a row\n", run.iters, run.warmup, kBackToBack);
+    printf("# %6s %-32s %10s %10s %10s %10s %10s\n", "tokens", "op", "time(us)", "p99(us)", "GB/s", "b2b(us)", "host(us)");
     for (const LlRow& row : rows) {
       const std::string rate = row.bytes > 0 ? std::to_string(row.bytes / (row.t.us * 1e3)).substr(0, 6) : "-";
-      printf("  %6d %-32s %10.1f %10.1f %10s %10.1f\n", row.tokens, row.op.c_str(), row.t.us, row.t.p99Us, rate.c_str(),
-             row.t.hostUs);
+      const std::string b2b = row.t.backToBackUs > 0 ? std::to_string(row.t.backToBackUs).substr(0, 5) : "-";
+      printf("  %6d %-32s %10.1f %10.1f %10s %10s %10.1f\n", row.tokens, row.op.c_str(), row.t.us, row.t.p99Us, rate.c_str(),
+             b2b.c_str(), row.t.hostUs);
     }
     if (!run.csv.empty()) {
       FILE* f = fopen(run.csv.c_str(), "w");

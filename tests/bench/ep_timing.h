@@ -27,7 +27,8 @@ constexpr int kBackToBack = 10;
 
 // Times op() with setup() before the flush (untimed) and teardown() after the stop event
 // (untimed): e.g. the dispatch a combine needs, or the receive phase that completes a timed send.
-// Back-to-back time only where op needs no setup or teardown.
+// Back-to-back time (op then teardown, kBackToBack times in a row) only where it is asked for:
+// where setup is empty and teardown does no GPU work.
 template <typename Setup, typename Op, typename Teardown>
 bool timeOp(test::NcclSession& session, Timer& timer, int iters, int warmup, Setup setup, Op op, Teardown teardown,
             bool backToBack, OpTimes* times) {
@@ -58,7 +59,7 @@ bool timeOp(test::NcclSession& session, Timer& timer, int iters, int warmup, Set
   if (backToBack) {
     TEST_CUDA_CHECK(cudaEventRecord(timer.start, session.stream()));
     for (int i = 0; i < kBackToBack; ++i) {
-      if (!op()) return false;
+      if (!op() || !teardown()) return false;
     }
     TEST_CUDA_CHECK(cudaEventRecord(timer.stop, session.stream()));
     TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
