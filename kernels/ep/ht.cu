@@ -6,6 +6,7 @@
 // deterministic. The expert-major layout is a local copy of those rows.
 #include <cuda_bf16.h>
 
+#include "kernels/common/bf16x8.cuh"
 #include "kernels/common/device_sync.cuh"
 #include "kernels/ep/ht_kernels.h"
 
@@ -511,23 +512,6 @@ __global__ void __launch_bounds__(kCopyThreads) expandKernel(GroupView g, Routin
 
 // ---- combine --------------------------------------------------------------------------------
 
-__device__ __forceinline__ void bf16x8ToFloat(const int4& v, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float2 p = __bfloat1622float2(h[i]);
-    f[2 * i] = p.x;
-    f[2 * i + 1] = p.y;
-  }
-}
-
-__device__ __forceinline__ int4 floatToBf16x8(const float* f) {
-  int4 v;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-  return v;
-}
 
 // Vector v (8 BF16 values) of this rank's partial sum for received row j in the expert-major
 // layout: the sum of the row's expert outputs in top-k order, weighted or not, in FP32 and rounded

@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include "kernels/common/bf16x8.cuh"
 #include "kernels/common/device_sync.cuh"
 #include "kernels/ep/ll_kernels.h"
 
@@ -80,24 +81,6 @@ __device__ __forceinline__ uint2 toFp8x8(const float* v, float inverse) {
     word[i / 4] |= static_cast<uint32_t>(pair) << (16 * ((i / 2) % 2));
   }
   return make_uint2(word[0], word[1]);
-}
-
-__device__ __forceinline__ void bf16x8ToFloat(const int4& v, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 p = __bfloat1622float2(h[i]);
-    f[2 * i] = p.x;
-    f[2 * i + 1] = p.y;
-  }
-}
-
-__device__ __forceinline__ int4 floatToBf16x8(const float* f) {
-  int4 v;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-  return v;
 }
 
 // Lanes of a warp, one per rank: until every rank has finished reading what this rank last wrote
@@ -313,38 +296,94 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDispatchInput in, int set, bool send,
-                                                             bool receive) {
+// The phases of one operation in one kernel: epochs read once at the start; each phase's last
+// block advances the phase's counter (and runs `received` after a receive phase).
+template <typename Send, typename Receive, typename Received>
+__device__ __forceinline__ void runPhases(const LlView& g, LlOpCounters* c, int set, bool send, bool receive,
+                                          Send sendPhase, Receive receivePhase, Received received) {
   __shared__ uint64_t epochs[3];  // send, receive, the last send into `set`
   if (threadIdx.x == 0) {
-    epochs[0] = g.counters->dispatchSend + 1;
-    epochs[1] = g.counters->dispatchRecv + 1;
-    epochs[2] = g.counters->dispatchSetUse[set];
+    epochs[0] = c->send + 1;
+    epochs[1] = c->receive + 1;
+    epochs[2] = c->setUse[set];
   }
   __syncthreads();
   if (timedOut(g)) return;
   if (send) {
-    dispatchSend(g, in, set, epochs[0], epochs[2]);
+    sendPhase(epochs[0], epochs[2]);
     if (lastBlockToFinish<false>(&g.counters->finished[0]) && threadIdx.x == 0) {
-      g.counters->dispatchSetUse[set] = epochs[0];
-      g.counters->dispatchSend = epochs[0];
+      c->setUse[set] = epochs[0];
+      c->send = epochs[0];
     }
   }
   if (receive) {
-    dispatchReceive(g, in, set, epochs[1]);
+    receivePhase(epochs[1]);
     if (lastBlockToFinish<false>(&g.counters->finished[1])) {
-      const LlSetLocal& local = g.sets[set];
-      for (int e = threadIdx.x; e < g.numLocalExperts; e += blockDim.x) {
-        local.recvCount[e] = __ldcg(local.rowCounter + e);
-        local.rowCounter[e] = 0;
-      }
-      releaseSet(g, set, 0, epochs[1]);
-      if (threadIdx.x == 0) g.counters->dispatchRecv = epochs[1];
+      received(epochs[1]);
+      if (threadIdx.x == 0) c->receive = epochs[1];
     }
   }
 }
 
+__global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDispatchInput in, int set, bool send,
+                                                                bool receive) {
+  runPhases(
+      g, &g.counters->dispatch, set, send, receive,
+      [&](uint64_t epoch, uint64_t lastUse) { dispatchSend(g, in, set, epoch, lastUse); },
+      [&](uint64_t epoch) { dispatchReceive(g, in, set, epoch); },
+      [&](uint64_t epoch) {
+        const LlSetLocal& local = g.sets[set];
+        for (int e = threadIdx.x; e < g.numLocalExperts; e += blockDim.x) {
+          local.recvCount[e] = __ldcg(local.rowCounter + e);
+          local.rowCounter[e] = 0;
+        }
+        releaseSet(g, set, 0, epoch);
+      });
+}
+
 // ---- combine ----------------------------------------------------------------------------------
+
+// One warp's FP32 sum of a part (32 values per lane) of BF16 rows, added one row at a time in the
+// caller's order: every row's vectors are loaded before any is added.
+struct PartSum {
+  float acc[kVectorsPerLane][8];
+  int partVectors;  // 16-byte vectors in this part (the last part of a row may be short)
+  int lane;
+
+  __device__ PartSum(int vectors, int laneIndex) : partVectors(vectors), lane(laneIndex) {
+#pragma unroll
+    for (int i = 0; i < kVectorsPerLane; ++i) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+    }
+  }
+
+  // acc = fma(weight, row, acc) when weighted, acc + row otherwise. kPeerWritten: the row was
+  // written by another GPU (read past this SM's L1).
+  template <bool kPeerWritten>
+  __device__ void add(const int4* row, bool weighted, float weight) {
+    int4 loaded[kVectorsPerLane];
+#pragma unroll
+    for (int i = 0; i < kVectorsPerLane; ++i) {
+      const bool valid = i * kWarp + lane < partVectors;
+      loaded[i] = !valid ? int4{0, 0, 0, 0} : kPeerWritten ? __ldcv(row + i * kWarp + lane) : __ldg(row + i * kWarp + lane);
+    }
+#pragma unroll
+    for (int i = 0; i < kVectorsPerLane; ++i) {
+      float f[8];
+      bf16x8ToFloat(loaded[i], f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[i][j] = weighted ? __fmaf_rn(weight, f[j], acc[i][j]) : __fadd_rn(acc[i][j], f[j]);
+    }
+  }
+
+  __device__ void store(int4* out) const {
+#pragma unroll
+    for (int i = 0; i < kVectorsPerLane; ++i) {
+      if (i * kWarp + lane < partVectors) out[i * kWarp + lane] = floatToBf16x8(acc[i]);
+    }
+  }
+};
 
 __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, uint64_t epoch, uint64_t lastUse) {
   const int lane = threadIdx.x % kWarp;
@@ -368,39 +407,17 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     const unsigned rows = __ballot_sync(0xffffffff, row >= 0);
     if (rows == 0) continue;
     const int firstVector = p * kLlPartValues / 8;
-    const int partVectors = min(kLlPartValues, g.hidden - p * kLlPartValues) / 8;
-    float acc[kVectorsPerLane][8];
-#pragma unroll
-    for (int i = 0; i < kVectorsPerLane; ++i) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
-    }
+    PartSum sum(min(kLlPartValues, g.hidden - p * kLlPartValues) / 8, lane);
     // Top-k slot order: the sum's order is fixed.
     for (unsigned m = rows; m != 0; m &= m - 1) {
       const int k = __ffs(m) - 1;
       const size_t r = static_cast<size_t>(__shfl_sync(0xffffffff, row, k));
       const float w = __shfl_sync(0xffffffff, weight, k);
-      const int4* src = static_cast<const int4*>(in.expertOutput) + r * vectors + firstVector;
-      int4 loaded[kVectorsPerLane];
-#pragma unroll
-      for (int i = 0; i < kVectorsPerLane; ++i) {
-        loaded[i] = i * kWarp + lane < partVectors ? __ldg(src + i * kWarp + lane) : int4{0, 0, 0, 0};
-      }
-#pragma unroll
-      for (int i = 0; i < kVectorsPerLane; ++i) {
-        float f[8];
-        bf16x8ToFloat(loaded[i], f);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i][j] = in.weighted ? __fmaf_rn(w, f[j], acc[i][j]) : __fadd_rn(acc[i][j], f[j]);
-      }
+      sum.add<false>(static_cast<const int4*>(in.expertOutput) + r * vectors + firstVector, in.weighted, w);
     }
     if (!setFree && !(setFree = warpSetFree(g, set, 1, lastUse, lane))) return;
     char* partials = at(g, s, setOffset(g, set) + g.layout.partials);
-    int4* dst = reinterpret_cast<int4*>(partials) + (static_cast<size_t>(g.rank) * g.maxTokens + t) * vectors + firstVector;
-#pragma unroll
-    for (int i = 0; i < kVectorsPerLane; ++i) {
-      if (i * kWarp + lane < partVectors) dst[i * kWarp + lane] = floatToBf16x8(acc[i]);
-    }
+    sum.store(reinterpret_cast<int4*>(partials) + (static_cast<size_t>(g.rank) * g.maxTokens + t) * vectors + firstVector);
     __syncwarp();
     __threadfence_system();
     if (lane == 0) {
@@ -424,66 +441,25 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
     const int t = item / parts;
     const uint64_t ranks = __ldcg(local.tokenRanks + t);
     const int firstVector = p * kLlPartValues / 8;
-    const int partVectors = min(kLlPartValues, g.hidden - p * kLlPartValues) / 8;
-    float acc[kVectorsPerLane][8];
-#pragma unroll
-    for (int i = 0; i < kVectorsPerLane; ++i) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
-    }
-    bool ok = true;
-    for (uint64_t m = ranks; m != 0 && ok; m &= m - 1) {
+    PartSum sum(min(kLlPartValues, g.hidden - p * kLlPartValues) / 8, lane);
+    // Ascending rank order: the sum's order is fixed.
+    for (uint64_t m = ranks; m != 0; m &= m - 1) {
       const int d = __ffsll(static_cast<long long>(m)) - 1;
       const size_t from = static_cast<size_t>(d) * g.maxTokens + t;
-      ok = warpAll(waitTag(g, tags + from * parts + p, epoch));
-      if (!ok) break;
-      int4 loaded[kVectorsPerLane];
-#pragma unroll
-      for (int i = 0; i < kVectorsPerLane; ++i) {
-        loaded[i] = i * kWarp + lane < partVectors ? __ldcv(partials + from * vectors + firstVector + i * kWarp + lane)
-                                                   : int4{0, 0, 0, 0};
-      }
-#pragma unroll
-      for (int i = 0; i < kVectorsPerLane; ++i) {
-        float f[8];
-        bf16x8ToFloat(loaded[i], f);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i][j] = __fadd_rn(acc[i][j], f[j]);
-      }
+      if (!warpAll(waitTag(g, tags + from * parts + p, epoch))) return;
+      sum.add<true>(partials + from * vectors + firstVector, false, 1.0f);
     }
-    if (!ok) return;
-    int4* out = static_cast<int4*>(in.combinedX) + static_cast<size_t>(t) * vectors + firstVector;
-#pragma unroll
-    for (int i = 0; i < kVectorsPerLane; ++i) {
-      if (i * kWarp + lane < partVectors) out[i * kWarp + lane] = floatToBf16x8(acc[i]);
-    }
+    sum.store(static_cast<int4*>(in.combinedX) + static_cast<size_t>(t) * vectors + firstVector);
   }
 }
 
 __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombineInput in, int set, bool send,
-                                                            bool receive) {
-  __shared__ uint64_t epochs[3];  // send, receive, the last send into `set`
-  if (threadIdx.x == 0) {
-    epochs[0] = g.counters->combineSend + 1;
-    epochs[1] = g.counters->combineRecv + 1;
-    epochs[2] = g.counters->combineSetUse[set];
-  }
-  __syncthreads();
-  if (timedOut(g)) return;
-  if (send) {
-    combineSend(g, in, set, epochs[0], epochs[2]);
-    if (lastBlockToFinish<false>(&g.counters->finished[0]) && threadIdx.x == 0) {
-      g.counters->combineSetUse[set] = epochs[0];
-      g.counters->combineSend = epochs[0];
-    }
-  }
-  if (receive) {
-    combineReceive(g, in, set, epochs[1]);
-    if (lastBlockToFinish<false>(&g.counters->finished[1])) {
-      releaseSet(g, set, 1, epochs[1]);
-      if (threadIdx.x == 0) g.counters->combineRecv = epochs[1];
-    }
-  }
+                                                               bool receive) {
+  runPhases(
+      g, &g.counters->combine, set, send, receive,
+      [&](uint64_t epoch, uint64_t lastUse) { combineSend(g, in, set, epoch, lastUse); },
+      [&](uint64_t epoch) { combineReceive(g, in, set, epoch); },
+      [&](uint64_t epoch) { releaseSet(g, set, 1, epoch); });
 }
 
 }  // namespace

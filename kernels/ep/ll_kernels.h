@@ -60,12 +60,16 @@ struct LlSetLocal {
   uint64_t* tokenRanks; // [maxTokens]: ranks each of this rank's tokens went to
 };
 
-// Device-side call counters: the epoch of the last completed call of each phase, the last epoch
-// written into each set, and the grid's finish counters.
+// Device-side call counters of one operation: the epoch of the last completed call of each phase
+// and the last epoch written into each set.
+struct LlOpCounters {
+  uint64_t send, receive;
+  uint64_t setUse[kLlSets];
+};
+
 struct LlCounters {
-  uint64_t dispatchSend, dispatchRecv, combineSend, combineRecv;
-  uint64_t dispatchSetUse[kLlSets], combineSetUse[kLlSets];
-  unsigned finished[2];  // [send, receive] phase of the running kernel
+  LlOpCounters dispatch, combine;
+  unsigned finished[2];  // blocks done with the [send, receive] phase of the running kernel
 };
 
 struct LlView {

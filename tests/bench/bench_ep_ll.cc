@@ -145,16 +145,17 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
     const size_t stride = static_cast<size_t>(tokens) * run.hidden * 2;
     TEST_CUDA_CHECK(cudaMalloc(&a2aSend, stride * env.nRanks));
     TEST_CUDA_CHECK(cudaMalloc(&a2aRecv, stride * env.nRanks));
-    for (size_t rowBytes : {dispatchBytes, static_cast<size_t>(run.hidden) * 2}) {
+    const size_t ncclRowBytes[2] = {dispatchBytes, static_cast<size_t>(run.hidden) * 2};
+    for (int which = 0; which < 2; ++which) {
       std::vector<size_t> sendBytes(env.nRanks), recvBytes(env.nRanks);
       for (int d = 0; d < env.nRanks; ++d) {
-        sendBytes[d] = rowsTo[env.rank][d] * rowBytes;
-        recvBytes[d] = rowsTo[d][env.rank] * rowBytes;
+        sendBytes[d] = rowsTo[env.rank][d] * ncclRowBytes[which];
+        recvBytes[d] = rowsTo[d][env.rank] * ncclRowBytes[which];
       }
       auto alltoall = [&] { return session.exchange(a2aSend, a2aRecv, stride, sendBytes.data(), recvBytes.data()); };
       if (!timeOp(session, timer, iters, warmup, alltoall, &t)) return false;
-      add(rowBytes == dispatchBytes ? "nccl send/recv, dispatch rows" : "nccl send/recv, combine rows",
-          rowBytes == dispatchBytes ? dispatchRowBytes : combineRowBytes);
+      add(which == 0 ? "nccl send/recv, dispatch rows" : "nccl send/recv, combine rows",
+          which == 0 ? dispatchRowBytes : combineRowBytes);
     }
     TEST_CUDA_CHECK(cudaFree(a2aSend));
     TEST_CUDA_CHECK(cudaFree(a2aRecv));

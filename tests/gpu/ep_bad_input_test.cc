@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/check_tally.h"
 #include "tests/common/ep_device.h"
 #include "tests/common/ep_reference.h"
 #include "tests/common/nccl_session.h"
@@ -20,18 +21,6 @@ using namespace unifab::test;
 using namespace unifab::test::ep;
 
 namespace {
-
-int g_passed = 0;
-int g_failed = 0;
-
-void check(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_passed;
-  } else {
-    ++g_failed;
-    printf("FAIL %s\n", what.c_str());
-  }
-}
 
 // The call returns `expected` and the library's last error names `mentions`.
 void expectError(unifabResult_t got, unifabResult_t expected, const char* mentions, const std::string& what) {
@@ -227,6 +216,5 @@ int main() {
     printf("aborted\n");
     return 1;
   }
-  printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return finishChecks();
 }

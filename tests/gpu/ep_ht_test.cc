@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/check_tally.h"
 #include "tests/common/ep_device.h"
 #include "tests/common/ep_reference.h"
 #include "tests/common/nccl_session.h"
@@ -23,28 +24,8 @@ using namespace unifab::test::ep;
 
 namespace {
 
-int g_passed = 0;
-int g_failed = 0;
-int g_rank = 0;
-
-void check(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_passed;
-  } else {
-    ++g_failed;
-    if (g_failed <= 20) printf("rank %d: FAIL %s\n", g_rank, what.c_str());
-  }
-}
 
 
-template <typename T>
-bool download(std::vector<T>* host, const void* device, size_t count, cudaStream_t stream) {
-  host->resize(count);
-  if (count == 0) return true;
-  TEST_CUDA_CHECK(cudaMemcpyAsync(host->data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, stream));
-  TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return true;
-}
 
 
 // Poisons every output array of the group (all ranks) so unwritten rows cannot pass.
@@ -110,23 +91,23 @@ void compareRow(const Shape& shape, const std::vector<RankInput>& inputs, const 
 bool verifyDispatch(const Shape& shape, const std::vector<RankInput>& inputs, int rank, bool expertMajor, int alignment,
                     const Outputs& o, const std::string& what) {
   Received expect = expectedReceive(shape, inputs, rank, alignment);
-  int failedBefore = g_failed;
+  int failedBefore = tally().failed;
   check(o.perExpert == expect.rowsPerExpert, what + ": per-expert counts");
   if (!expertMajor) {
     check(o.rows == static_cast<int>(expect.rankMajor.size()),
           what + ": " + std::to_string(o.rows) + " rows, expected " + std::to_string(expect.rankMajor.size()));
-    if (g_failed != failedBefore) return true;
+    if (tally().failed != failedBefore) return true;
     for (size_t j = 0; j < expect.rankMajor.size(); ++j) compareRow(shape, inputs, expect, o, j, static_cast<int>(j), what);
   } else {
     check(o.offsets == expect.expertOffsets, what + ": expert offsets");
     check(o.rows == expect.expertOffsets.back(),
           what + ": " + std::to_string(o.rows) + " expert-major rows, expected " + std::to_string(expect.expertOffsets.back()));
-    if (g_failed != failedBefore) return true;
+    if (tally().failed != failedBefore) return true;
     for (size_t p = 0; p < expect.expertRows.size(); ++p) {
       if (expect.expertRows[p] >= 0) compareRow(shape, inputs, expect, o, p, expect.expertRows[p], what);
     }
   }
-  if (g_failed == failedBefore) ++g_passed;
+  if (tally().failed == failedBefore) ++tally().passed;
   return true;
 }
 
@@ -391,7 +372,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  g_rank = env.rank;
+  tally().rank = env.rank;
   NcclSession session;
   if (!session.init(env)) return 1;
   struct ShapeSpec {
@@ -419,6 +400,5 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  printf("rank %d: %d passed, %d failed\n", env.rank, g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return finishChecks();
 }

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/common/check_tally.h"
 #include "tests/common/ep_device.h"
 #include "tests/common/ep_reference.h"
 #include "tests/common/nccl_session.h"
@@ -25,28 +26,6 @@ using namespace unifab::test;
 using namespace unifab::test::ep;
 
 namespace {
-
-int g_passed = 0;
-int g_failed = 0;
-int g_rank = 0;
-
-void check(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_passed;
-  } else {
-    ++g_failed;
-    if (g_failed <= 20) printf("rank %d: FAIL %s\n", g_rank, what.c_str());
-  }
-}
-
-template <typename T>
-bool download(std::vector<T>* host, const void* device, size_t count, cudaStream_t stream) {
-  host->resize(count);
-  if (count == 0) return true;
-  TEST_CUDA_CHECK(cudaMemcpyAsync(host->data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, stream));
-  TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return true;
-}
 
 struct Layer {
   DeviceInput input;
@@ -428,7 +407,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  g_rank = env.rank;
+  tally().rank = env.rank;
   NcclSession session;
   if (!session.init(env)) return 1;
   struct ShapeSpec {
@@ -454,6 +433,5 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  printf("rank %d: %d passed, %d failed\n", env.rank, g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return finishChecks();
 }
