@@ -147,12 +147,14 @@ for step in $steps; do
     ;;
   sanitize)
     # Small shape, long timeout: the sanitizer slows kernels, and the two ranks wait on each other.
-    for tool in memcheck racecheck; do
-      say "== compute-sanitizer --tool $tool, EP high-throughput test, 2 ranks, --quick"
-      UNIFAB_EP_TIMEOUT_MS=600000 compute-sanitizer --tool $tool --target-processes all --report-api-errors no --error-exitcode 9 \
-        "$build/tests/unifab-launch" -n 2 -t 900 -- "$build/tests/gpu/unifab_gpu_ep_ht" --quick --iterations 3 --replays 1 \
-        >"$logs/sanitize-$tool.txt" 2>&1 || failed=1
-      grep -E "ERROR SUMMARY|passed, [0-9]+ failed|Error|error" "$logs/sanitize-$tool.txt" | sort | uniq -c | head -20 | tee -a "$summary"
+    for test in ht ll; do
+      for tool in memcheck racecheck; do
+        say "== compute-sanitizer --tool $tool, EP $test test, 2 ranks, --quick"
+        UNIFAB_EP_TIMEOUT_MS=600000 compute-sanitizer --tool $tool --target-processes all --report-api-errors no --error-exitcode 9 \
+          "$build/tests/unifab-launch" -n 2 -t 900 -- "$build/tests/gpu/unifab_gpu_ep_$test" --quick --iterations 3 --replays 1 \
+          >"$logs/sanitize-$test-$tool.txt" 2>&1 || failed=1
+        grep -E "ERROR SUMMARY|passed, [0-9]+ failed|Error|error" "$logs/sanitize-$test-$tool.txt" | sort | uniq -c | head -20 | tee -a "$summary"
+      done
     done
     ;;
   sweep)
