@@ -358,16 +358,16 @@ struct PartSum {
     }
   }
 
-  // acc = fma(weight, row, acc) when weighted, acc + row otherwise. kPeerWritten: the row was
-  // written by another GPU (read past this SM's L1).
   template <bool kPeerWritten>
-  __device__ void add(const int4* row, bool weighted, float weight) {
-    int4 loaded[kVectorsPerLane];
+  __device__ void load(const int4* row, int4* loaded) const {
 #pragma unroll
     for (int i = 0; i < kVectorsPerLane; ++i) {
       const bool valid = i * kWarp + lane < partVectors;
       loaded[i] = !valid ? int4{0, 0, 0, 0} : kPeerWritten ? __ldcv(row + i * kWarp + lane) : __ldg(row + i * kWarp + lane);
     }
+  }
+
+  __device__ void accumulate(const int4* loaded, bool weighted, float weight) {
 #pragma unroll
     for (int i = 0; i < kVectorsPerLane; ++i) {
       float f[8];
@@ -375,6 +375,25 @@ struct PartSum {
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[i][j] = weighted ? __fmaf_rn(weight, f[j], acc[i][j]) : __fadd_rn(acc[i][j], f[j]);
     }
+  }
+
+  // acc = fma(weight, row, acc) when weighted, acc + row otherwise. kPeerWritten: the row was
+  // written by another GPU (read past this SM's L1).
+  template <bool kPeerWritten>
+  __device__ void add(const int4* row, bool weighted, float weight) {
+    int4 loaded[kVectorsPerLane];
+    load<kPeerWritten>(row, loaded);
+    accumulate(loaded, weighted, weight);
+  }
+
+  // The same for two rows, first then second, with both rows' loads in flight together.
+  template <bool kPeerWritten>
+  __device__ void add2(const int4* first, float firstWeight, const int4* second, float secondWeight, bool weighted) {
+    int4 a[kVectorsPerLane], b[kVectorsPerLane];
+    load<kPeerWritten>(first, a);
+    load<kPeerWritten>(second, b);
+    accumulate(a, weighted, firstWeight);
+    accumulate(b, weighted, secondWeight);
   }
 
   __device__ void store(int4* out) const {
@@ -408,12 +427,22 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     if (rows == 0) continue;
     const int firstVector = p * kLlPartValues / 8;
     PartSum sum(min(kLlPartValues, g.hidden - p * kLlPartValues) / 8, lane);
-    // Top-k slot order: the sum's order is fixed.
-    for (unsigned m = rows; m != 0; m &= m - 1) {
+    // Top-k slot order: the sum's order is fixed. Two rows' loads at a time.
+    const int4* outputs = static_cast<const int4*>(in.expertOutput) + firstVector;
+    for (unsigned m = rows; m != 0;) {
       const int k = __ffs(m) - 1;
+      m &= m - 1;
       const size_t r = static_cast<size_t>(__shfl_sync(0xffffffff, row, k));
       const float w = __shfl_sync(0xffffffff, weight, k);
-      sum.add<false>(static_cast<const int4*>(in.expertOutput) + r * vectors + firstVector, in.weighted, w);
+      if (m == 0) {
+        sum.add<false>(outputs + r * vectors, in.weighted, w);
+        break;
+      }
+      const int k2 = __ffs(m) - 1;
+      m &= m - 1;
+      const size_t r2 = static_cast<size_t>(__shfl_sync(0xffffffff, row, k2));
+      const float w2 = __shfl_sync(0xffffffff, weight, k2);
+      sum.add2<false>(outputs + r * vectors, w, outputs + r2 * vectors, w2, in.weighted);
     }
     if (!setFree && !(setFree = warpSetFree(g, set, 1, lastUse, lane))) return;
     char* partials = at(g, s, setOffset(g, set) + g.layout.partials);
@@ -442,12 +471,19 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
     const uint64_t ranks = __ldcg(local.tokenRanks + t);
     const int firstVector = p * kLlPartValues / 8;
     PartSum sum(min(kLlPartValues, g.hidden - p * kLlPartValues) / 8, lane);
-    // Ascending rank order: the sum's order is fixed.
-    for (uint64_t m = ranks; m != 0; m &= m - 1) {
-      const int d = __ffsll(static_cast<long long>(m)) - 1;
-      const size_t from = static_cast<size_t>(d) * g.maxTokens + t;
+    // Ascending rank order: the sum's order is fixed. Two ranks' partials at a time.
+    for (uint64_t m = ranks; m != 0;) {
+      const size_t from = static_cast<size_t>(__ffsll(static_cast<long long>(m)) - 1) * g.maxTokens + t;
+      m &= m - 1;
       if (!warpAll(waitTag(g, tags + from * parts + p, epoch))) return;
-      sum.add<true>(partials + from * vectors + firstVector, false, 1.0f);
+      if (m == 0) {
+        sum.add<true>(partials + from * vectors + firstVector, false, 1.0f);
+        break;
+      }
+      const size_t from2 = static_cast<size_t>(__ffsll(static_cast<long long>(m)) - 1) * g.maxTokens + t;
+      m &= m - 1;
+      if (!warpAll(waitTag(g, tags + from2 * parts + p, epoch))) return;
+      sum.add2<true>(partials + from * vectors + firstVector, 1.0f, partials + from2 * vectors + firstVector, 1.0f, false);
     }
     sum.store(static_cast<int4*>(in.combinedX) + static_cast<size_t>(t) * vectors + firstVector);
   }
