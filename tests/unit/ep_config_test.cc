@@ -66,9 +66,30 @@ TEST(EpConfig, EachBadFieldIsNamed) {
   EXPECT_EQ(unifabEpBufferSize(nullptr, 2, &bytes), unifabInvalidArgument);
 }
 
+// Low latency: two buffer sets, each with a message slot per (source rank, token) (BF16-sized
+// payload, scales, top-k ids and weights, part tags) and a BF16 combine partial per (rank, token);
+// the per-expert receive regions live in ordinary device memory, not in the window.
+TEST(EpConfig, LowLatencyBufferSizeCoversTwoSetsOfMessagesAndPartials) {
+  unifabEpConfig_t config = standard();
+  config.mode = unifabEpLowLatency;
+  config.maxTokensPerRank = 128;
+  size_t bytes = 0;
+  ASSERT_EQ(unifabEpBufferSize(&config, 2, &bytes), unifabSuccess);
+  const size_t slots = size_t{2} * 128;
+  const size_t message = 7168 * 2 + 7168 / 128 * 4 + 8 * 8;
+  EXPECT_GE(bytes, 2 * slots * (message + 7168 * 2));
+  EXPECT_LT(bytes, 2 * slots * (message + 7168 * 2) + (size_t{4} << 20)) << "tags and bitmaps stay small";
+  config.maxTokensPerRank = 1025;
+  EXPECT_EQ(unifabEpBufferSize(&config, 2, &bytes), unifabInvalidArgument);
+  EXPECT_NE(std::string(unifabGetLastError()).find("config->maxTokensPerRank"), std::string::npos)
+      << unifabGetLastError();
+}
+
 TEST(EpConfig, NullGroupsAndHandlesAreRefused) {
   EXPECT_EQ(unifabEpDispatch(nullptr, nullptr, nullptr, nullptr, nullptr), unifabInvalidArgument);
   EXPECT_EQ(unifabEpCombine(nullptr, nullptr, nullptr, nullptr), unifabInvalidArgument);
+  EXPECT_EQ(unifabEpLowLatencyDispatch(nullptr, nullptr, nullptr, nullptr, nullptr), unifabInvalidArgument);
+  EXPECT_EQ(unifabEpLowLatencyCombine(nullptr, nullptr, nullptr, nullptr), unifabInvalidArgument);
   EXPECT_EQ(unifabEpGetAsyncError(nullptr), unifabInvalidArgument);
   unifabEpConfig_t config = standard();
   unifabEpGroup_t group = nullptr;
