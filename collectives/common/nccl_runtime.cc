@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <mutex>
+#include <string>
 
 namespace unifab::collectives {
 namespace {
@@ -25,6 +26,7 @@ bool resolve(void* library, const char* name, Function* out) {
 struct Resolution {
   NcclRuntime runtime;
   Result result = unifabSuccess;
+  std::string why;  // the failure's message, repeated by every later call
 };
 
 Resolution resolveOnce() {
@@ -69,9 +71,12 @@ Resolution resolveOnce() {
 Result ncclRuntime(const NcclRuntime** runtime) {
   static std::once_flag once;
   static Resolution resolution;
-  std::call_once(once, [] { resolution = resolveOnce(); });
+  std::call_once(once, [] {
+    resolution = resolveOnce();
+    if (resolution.result != unifabSuccess) resolution.why = lastErrorMessage();
+  });
   if (resolution.result != unifabSuccess) {
-    return UF_ERROR(resolution.result, kExt, "NCCL is unavailable to the extension operations (see the first error)");
+    return UF_ERROR(resolution.result, kExt, "NCCL is unavailable to the extension operations: %s", resolution.why.c_str());
   }
   *runtime = &resolution.runtime;
   return unifabSuccess;

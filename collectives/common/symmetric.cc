@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <map>
+#include <string>
 #include <mutex>
 
 #include "collectives/common/cuda_check.h"
@@ -17,6 +18,11 @@ namespace {
 struct RegistryEntry {
   std::mutex creating;
   std::weak_ptr<DeviceComm> comm;
+  // NCCL's refusal to build a device communicator, kept for the handle's later callers. (Keyed by
+  // the handle: a communicator created at the same address after this one is destroyed inherits
+  // the refusal; NCCL gives no identity to tell them apart.)
+  Result failure = unifabSuccess;
+  std::string failureMessage;
 };
 std::mutex g_registryMutex;
 std::map<ncclComm_t, std::shared_ptr<RegistryEntry>> g_registry;
@@ -82,6 +88,11 @@ Result DeviceComm::acquire(ncclComm_t comm, std::shared_ptr<DeviceComm>* out) {
     *out = std::move(existing);
     return unifabSuccess;
   }
+  // NCCL refused this communicator once: asking again would enter a collective that can hang
+  // (measured: a second ncclDevCommCreate after "GIN not supported" never returned).
+  if (entry->failure != unifabSuccess) {
+    return UF_ERROR(entry->failure, kExt, "%s", entry->failureMessage.c_str());
+  }
   std::shared_ptr<DeviceComm> created(new DeviceComm());
   UF_CHECK(ncclRuntime(&created->nccl_));
   const NcclRuntime& n = *created->nccl_;
@@ -94,7 +105,15 @@ Result DeviceComm::acquire(ncclComm_t comm, std::shared_ptr<DeviceComm>* out) {
   ncclDevCommRequirements requirements;
   memset(&requirements, 0, sizeof(requirements));  // NCCL 2.28 has no initializer: zero is "nothing extra"
 #endif
-  UF_NCCL_CHECK(n.devCommCreate(comm, &requirements, &created->devComm_), comm);
+  const ncclResult_t made = n.devCommCreate(comm, &requirements, &created->devComm_);
+  if (made != ncclSuccess) {
+    entry->failure = UF_ERROR(made == ncclInvalidUsage ? unifabInvalidUsage : unifabSystemError, kExt,
+                              "NCCL cannot build a device communicator on this communicator (%s: %s): extension "
+                              "operations in this version need every rank in one NVLink (LSA) domain",
+                              n.getErrorString(made), n.getLastError(comm));
+    entry->failureMessage = lastErrorMessage();
+    return entry->failure;
+  }
   UF_INFO(kExt, kLogInit, "device communicator: rank %d of %d, LSA rank %d of %d, GPU %d", created->rank(),
           created->nRanks(), created->lsaRank(), created->lsaSize(), created->cudaDevice_);
   entry->comm = created;
