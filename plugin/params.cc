@@ -91,6 +91,10 @@ const std::vector<ParamEntry>& entries() {
       {{"UNIFAB_EP_TIMEOUT_MS", ParamType::kInt, "30000", "1..86400000",
         "How long a GPU waits for a peer's signal in an expert-parallel call before it reports a timeout"},
        1, 86400000, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.epTimeoutMs = v; }},
+      {{"UNIFAB_PP_TIMEOUT_MS", ParamType::kInt, "30000", "1..86400000",
+        "How long a pipeline send or receive may wait on its peer, once its stream reaches the wait, "
+        "before the group's watchdog releases it and reports a timeout"},
+       1, 86400000, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.ppTimeoutMs = v; }},
       {{"UNIFAB_EP_VALIDATE", ParamType::kBool, "0", "0 or 1",
         "Check expert ids on the host before every dispatch (synchronises the stream); otherwise the "
         "GPU checks them and reports a bad id through the group's error"},

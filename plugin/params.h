@@ -34,6 +34,7 @@ struct Params {
   double tunerNetGbps;           // UNIFAB_TUNER_NET_GBPS (0: from the net plugin's speed)
   // collectives/
   int64_t epTimeoutMs;           // UNIFAB_EP_TIMEOUT_MS
+  int64_t ppTimeoutMs;           // UNIFAB_PP_TIMEOUT_MS
   bool epValidateOnHost;         // UNIFAB_EP_VALIDATE
   bool epTrace;                  // UNIFAB_EP_TRACE
 };

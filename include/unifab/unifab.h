@@ -244,6 +244,40 @@ UNIFAB_API unifabResult_t unifabEpLowLatencyCombine(unifabEpGroup_t group, unifa
  * error stays; later calls on the group return it. Does not synchronise the stream. */
 UNIFAB_API unifabResult_t unifabEpGetAsyncError(unifabEpGroup_t group);
 
+/* ============================================================================================
+ * Pipeline send/recv on an existing NCCL communicator, with no SM: the copy engine moves each
+ * chunk into a slot of the receiver's registered window, and stream memory operations (wait and
+ * write of 64-bit values) announce chunks and release slots. Both ranks must be LSA peers (one
+ * NVLink domain). A rank's sends to a peer match that peer's receives from it in posting order,
+ * and matched sizes must be equal. A transfer larger than the peer's slots (chunksInFlight x
+ * chunkBytes) proceeds as the receiver drains them: post the matching receive on a stream that
+ * is not waiting behind the send. Calls cannot be captured in a CUDA graph (their chunk numbers
+ * are counted on the host). A wait that lasts longer than UNIFAB_PP_TIMEOUT_MS is released by the
+ * group's watchdog and reported by unifabPpGetAsyncError (the data of that transfer is lost).
+ * ============================================================================================ */
+
+typedef struct unifabPpGroup* unifabPpGroup_t;
+
+typedef struct {
+  size_t size;          /* sizeof(unifabPpConfig_t) */
+  size_t chunkBytes;    /* bytes of one receive slot, a multiple of 16; 0 = 8 MiB */
+  int chunksInFlight;   /* receive slots per peer (chunks in flight per direction); 0 = 4 */
+} unifabPpConfig_t;
+#define UNIFAB_PP_CONFIG_INIT {sizeof(unifabPpConfig_t), 0, 0}
+
+/* Collective over `comm`: every rank calls it with the same configuration. */
+UNIFAB_API unifabResult_t unifabPpCreate(ncclComm_t comm, const unifabPpConfig_t* config, unifabPpGroup_t* group);
+/* Collective; waits for the group's outstanding transfers. */
+UNIFAB_API unifabResult_t unifabPpDestroy(unifabPpGroup_t group);
+/* Sends `bytes` from device memory `data` to rank `peer` on `stream`. */
+UNIFAB_API unifabResult_t unifabPpSend(unifabPpGroup_t group, const void* data, size_t bytes, int peer,
+                                       cudaStream_t stream);
+/* Receives `bytes` from rank `peer` into device memory `data` on `stream`. */
+UNIFAB_API unifabResult_t unifabPpRecv(unifabPpGroup_t group, void* data, size_t bytes, int peer, cudaStream_t stream);
+/* unifabTimeout when the watchdog released a wait that exceeded UNIFAB_PP_TIMEOUT_MS (the group is
+ * then unusable), else unifabSuccess. Does not synchronise. */
+UNIFAB_API unifabResult_t unifabPpGetAsyncError(unifabPpGroup_t group);
+
 #ifdef __cplusplus
 }
 #endif

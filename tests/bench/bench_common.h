@@ -36,5 +36,6 @@ int relaunchPerGpu(const char* self, const char* command, const Args& args, int 
 int runNet(Args& args);
 int runColl(Args& args, const char* self);
 int runEp(Args& args, const char* self);
+int runPp(Args& args, const char* self);
 
 }  // namespace unifab::bench

@@ -169,7 +169,7 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
   };
   const long remoteRows = static_cast<long>(remoteBytes / rowBytes), localRows = static_cast<long>(localBytes / rowBytes);
   bool ok = timeIt(copyEngine, &out->copyEngineUs);
-  if (ok && n == 2) {
+  if (ok && n == 2 && sms > 0) {  // sms = 0: the copy engines alone
     ok = timeIt(smCopy(remoteRows, localRows, 0), &out->smUs) && timeIt(smCopy(remoteRows, 0, 0), &out->smRemoteOnlyUs) &&
          timeIt(smCopy(0, localRows, 0), &out->smLocalOnlyUs) &&
          timeIt(smCopy(remoteRows, 0, 0, true), &out->smRemoteOnlyPredicatedUs) &&

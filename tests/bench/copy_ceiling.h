@@ -25,7 +25,8 @@ struct CopyCeiling {
 };
 
 // Collective over the session's ranks. Times are medians over `iters` after an L2 flush and a
-// barrier, the slowest rank. `rowBytes` is the dispatch row size the SM kernel copies at a time.
+// barrier, the slowest rank. `rowBytes` is the dispatch row size the SM kernel copies at a time;
+// `sms` = 0 measures the copy engines alone.
 bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t localBytes, size_t rowBytes, int sms,
                         int iters, void* flush, size_t flushBytes, CopyCeiling* out);
 

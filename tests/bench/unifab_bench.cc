@@ -3,6 +3,7 @@
 //   unifab-bench net  [...]      ncclNet table over loopback, no NCCL, no GPU
 //   unifab-bench coll [...]      NCCL collectives, one process per GPU, over unifab or NCCL's nets
 //   unifab-bench ep   [...]      expert-parallel dispatch/combine, one process per GPU
+//   unifab-bench pp   [...]      pipeline send/recv between two GPUs
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -15,7 +16,7 @@ namespace {
 
 void usage() {
   printf(
-      "usage: unifab-bench [net|coll|ep] [options]\n"
+      "usage: unifab-bench [net|coll|ep|pp] [options]\n"
       "  (no command: ep over all local GPUs, or net where there is no GPU)\n"
       "  net   --min BYTES --max BYTES --window N --seconds S\n"
       "        bandwidth and latency of the ncclNet table over loopback (two comms, two threads)\n"
@@ -25,7 +26,11 @@ void usage() {
       "        (P2P and SHM off) over unifab's plugin or NCCL's internal Socket transport\n"
       "  ep    --mode ht --tokens N --hidden H --topk K --experts E --dtype bf16|fp8 --layout rank|expert\n"
       "        --sms N --iters N --warmup N [--csv FILE] [--ops dispatch,empty,cached,combine,nccl,ceiling]\n"
-      "        expert-parallel dispatch and combine, one process per GPU, with NCCL's all-to-all\n");
+      "        expert-parallel dispatch and combine, one process per GPU, with NCCL's all-to-all\n"
+      "  ep    --mode ll --tokens LIST --hidden H --topk K --experts E --dtype fp8|bf16 --sms N --iters N\n"
+      "        low-latency dispatch and combine, phases apart, with NCCL's send/recv\n"
+      "  pp    --min BYTES --max BYTES --factor F --chunk BYTES --inflight N --iters N [--csv FILE]\n"
+      "        pipeline send/recv rank 0 -> 1 (no SM), with ncclSend/ncclRecv and the copy engine\n");
 }
 
 }  // namespace
@@ -52,6 +57,10 @@ int main(int argc, char** argv) {
   if (command == "coll") {
     unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
     return unifab::bench::runColl(args, argv[0]);
+  }
+  if (command == "pp") {
+    unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
+    return unifab::bench::runPp(args, argv[0]);
   }
   if (command == "ep") {
     unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);

@@ -1,5 +1,7 @@
 #include "tests/common/device_data.h"
 
+#include "tests/common/test_util.h"
+
 #include <cstring>
 
 namespace unifab::test {
@@ -61,7 +63,54 @@ unsigned gridFor(size_t count) {
   return static_cast<unsigned>(blocks < 1024 ? (blocks > 0 ? blocks : 1) : 1024);
 }
 
+// Byte i of a pattern: the low byte of a hash of (seed, i).
+__device__ __forceinline__ uint8_t patternByte(uint64_t seed, size_t i) {
+  return static_cast<uint8_t>(mix64(seed * 0x9e3779b97f4a7c15ULL + i));
+}
+
+__global__ void fillBytesKernel(uint8_t* data, size_t bytes, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < bytes;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    data[i] = patternByte(seed, i);
+  }
+}
+
+__global__ void checkBytesKernel(const uint8_t* data, size_t bytes, uint64_t seed, unsigned long long* mismatches) {
+  unsigned long long bad = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < bytes;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    bad += data[i] != patternByte(seed, i) ? 1 : 0;
+  }
+  if (bad != 0) atomicAdd(mismatches, bad);
+}
+
+__global__ void spinKernel(long long nanoseconds) {
+  long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+
 }  // namespace
+
+cudaError_t spinOnDevice(long long nanoseconds, cudaStream_t stream) {
+  spinKernel<<<1, 1, 0, stream>>>(nanoseconds);
+  return cudaGetLastError();
+}
+
+cudaError_t fillBytes(void* data, size_t bytes, uint64_t seed, cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  fillBytesKernel<<<gridFor(bytes), 256, 0, stream>>>(static_cast<uint8_t*>(data), bytes, seed);
+  return cudaGetLastError();
+}
+
+cudaError_t countByteMismatches(const void* data, size_t bytes, uint64_t seed, unsigned long long* mismatches,
+                                cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  checkBytesKernel<<<gridFor(bytes), 256, 0, stream>>>(static_cast<const uint8_t*>(data), bytes, seed, mismatches);
+  return cudaGetLastError();
+}
 
 const char* collectiveName(Collective collective) {
   switch (collective) {

@@ -26,4 +26,14 @@ cudaError_t poisonBuffer(void* data, size_t bytes, cudaStream_t stream);
 cudaError_t countMismatches(Collective collective, const float* recv, size_t recvCount, int rank, int nRanks,
                             uint32_t seed, unsigned long long* mismatches, cudaStream_t stream);
 
+// One thread busy for `nanoseconds`: work the caller puts between two calls (a delay, or what
+// overlaps the phases of an operation).
+cudaError_t spinOnDevice(long long nanoseconds, cudaStream_t stream);
+
+// Byte patterns for transfers of any size: byte i of (seed) is a hash of both.
+cudaError_t fillBytes(void* data, size_t bytes, uint64_t seed, cudaStream_t stream);
+// Adds the number of bytes of `data` that differ from the pattern of `seed` to *mismatches.
+cudaError_t countByteMismatches(const void* data, size_t bytes, uint64_t seed, unsigned long long* mismatches,
+                                cudaStream_t stream);
+
 }  // namespace unifab::test

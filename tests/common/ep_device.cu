@@ -40,20 +40,7 @@ __global__ void fillLowLatencyKernel(uint16_t* out, int hidden, const int* sourc
   }
 }
 
-__global__ void spinKernel(long long nanoseconds) {
-  long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < nanoseconds);
-}
-
 }  // namespace
-
-cudaError_t spinOnDevice(long long nanoseconds, cudaStream_t stream) {
-  spinKernel<<<1, 1, 0, stream>>>(nanoseconds);
-  return cudaGetLastError();
-}
 
 cudaError_t fillLowLatencyExpertOutputs(uint16_t* out, int hidden, const int* source, const int* recvCount, int stride,
                                         int localExperts, int rank, uint64_t seed, cudaStream_t stream) {

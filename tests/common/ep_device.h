@@ -56,9 +56,6 @@ cudaError_t fillExpertOutputs(uint16_t* out, int hidden, const int* source, cons
 cudaError_t fillLowLatencyExpertOutputs(uint16_t* out, int hidden, const int* source, const int* recvCount, int stride,
                                         int localExperts, int rank, uint64_t seed, cudaStream_t stream);
 
-// One thread busy for `nanoseconds`: work the caller puts between two phases of an operation.
-cudaError_t spinOnDevice(long long nanoseconds, cudaStream_t stream);
-
 // The group configuration a test or benchmark shape asks for (mode and SM cap at their defaults).
 inline unifabEpConfig_t groupConfig(const Shape& shape) {
   unifabEpConfig_t config = UNIFAB_EP_CONFIG_INIT;

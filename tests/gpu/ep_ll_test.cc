@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tests/common/check_tally.h"
+#include "tests/common/device_data.h"
 #include "tests/common/ep_device.h"
 #include "tests/common/ep_reference.h"
 #include "tests/common/nccl_session.h"

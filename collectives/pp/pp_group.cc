@@ -1,0 +1,266 @@
+#include "collectives/pp/pp_group.h"
+
+#include <algorithm>
+
+#include "collectives/common/cuda_check.h"
+#include "collectives/common/device_guard.h"
+#include "collectives/pp/pp_plan.h"
+#include "plugin/params.h"
+
+using unifab::Result;
+using unifab::kLogInit;
+
+namespace unifab::collectives::pp {
+namespace {
+
+constexpr size_t kDefaultChunkBytes = size_t{8} << 20;
+constexpr int kDefaultSlots = 4;
+constexpr size_t kMaxChunkBytes = size_t{1} << 30;
+constexpr int kMaxSlots = 64;
+constexpr auto kWatchPeriod = std::chrono::milliseconds(1);
+
+}  // namespace
+
+WaitWatchdog::WaitWatchdog(int device, int64_t timeoutMs) : device_(device), timeout_(timeoutMs) {}
+
+Result WaitWatchdog::start() {
+  unifab::collectives::DeviceGuard guard(device_);
+  UF_CUDA_CHECK(cudaStreamCreateWithFlags(&releaseStream_, cudaStreamNonBlocking));
+  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&releaseValue_), sizeof(uint64_t), cudaHostAllocDefault));
+  thread_ = std::thread([this] { run(); });
+  return unifabSuccess;
+}
+
+WaitWatchdog::~WaitWatchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  unifab::collectives::DeviceGuard guard(device_);
+  for (Watched& w : watched_) {
+    UF_CUDA_WARN(cudaEventDestroy(w.reached));
+    UF_CUDA_WARN(cudaEventDestroy(w.passed));
+  }
+  for (cudaEvent_t e : spareEvents_) UF_CUDA_WARN(cudaEventDestroy(e));
+  if (releaseStream_ != nullptr) UF_CUDA_WARN(cudaStreamDestroy(releaseStream_));
+  if (releaseValue_ != nullptr) UF_CUDA_WARN(cudaFreeHost(releaseValue_));
+}
+
+Result WaitWatchdog::takeEvent(cudaEvent_t* event) {
+  if (!spareEvents_.empty()) {
+    *event = spareEvents_.back();
+    spareEvents_.pop_back();
+    return unifabSuccess;
+  }
+  UF_CUDA_CHECK(cudaEventCreateWithFlags(event, cudaEventDisableTiming));
+  return unifabSuccess;
+}
+
+Result WaitWatchdog::wait(const StreamOps& ops, cudaStream_t stream, uint64_t* flag, uint64_t value) {
+  Watched w;
+  w.flag = flag;
+  w.value = value;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    UF_CHECK(takeEvent(&w.reached));
+    UF_CHECK(takeEvent(&w.passed));
+  }
+  UF_CUDA_CHECK(cudaEventRecord(w.reached, stream));
+  UF_CHECK(ops.waitAtLeast(stream, flag, value));
+  UF_CUDA_CHECK(cudaEventRecord(w.passed, stream));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    watched_.push_back(w);
+  }
+  changed_.notify_all();
+  return unifabSuccess;
+}
+
+void WaitWatchdog::release(Watched& w) {
+  *releaseValue_ = w.value;
+  cudaError_t written = cudaMemcpyAsync(w.flag, releaseValue_, sizeof(uint64_t), cudaMemcpyHostToDevice, releaseStream_);
+  if (written == cudaSuccess) written = cudaStreamSynchronize(releaseStream_);
+  timedOut_ = true;
+  UF_WARN(kExt,
+          "pipeline send/recv: a wait for value %llu lasted more than UNIFAB_PP_TIMEOUT_MS=%lld ms (the peer did not "
+          "post its matching call); released it%s, the transfer's data is lost",
+          static_cast<unsigned long long>(w.value), static_cast<long long>(timeout_.count()),
+          written == cudaSuccess ? "" : " (the release failed too)");
+}
+
+void WaitWatchdog::run() {
+  if (cudaSetDevice(device_) != cudaSuccess) {
+    UF_WARN(kExt, "pipeline send/recv watchdog: cannot use CUDA device %d; waits are not bounded", device_);
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    if (watched_.empty()) {
+      changed_.wait(lock, [this] { return stopping_ || !watched_.empty(); });
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = watched_.begin(); it != watched_.end();) {
+      if (cudaEventQuery(it->passed) == cudaSuccess) {
+        spareEvents_.push_back(it->reached);
+        spareEvents_.push_back(it->passed);
+        it = watched_.erase(it);
+        continue;
+      }
+      if (!it->reachedSeen && cudaEventQuery(it->reached) == cudaSuccess) {
+        it->reachedSeen = true;
+        it->reachedAt = now;
+      }
+      if (it->reachedSeen && now - it->reachedAt > timeout_) {
+        release(*it);
+        it->reachedAt = now;  // once more after another timeout, should the release not land
+      }
+      ++it;
+    }
+    changed_.wait_for(lock, kWatchPeriod);
+  }
+}
+
+}  // namespace unifab::collectives::pp
+
+namespace pp = unifab::collectives::pp;
+
+Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t& config, unifabPpGroup** out) {
+  if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
+  if (config.size < sizeof(unifabPpConfig_t)) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->size=%zu, expected %zu: initialise it with UNIFAB_PP_CONFIG_INIT",
+                    config.size, sizeof(unifabPpConfig_t));
+  }
+  const size_t chunkBytes = config.chunkBytes == 0 ? pp::kDefaultChunkBytes : config.chunkBytes;
+  const int slots = config.chunksInFlight == 0 ? pp::kDefaultSlots : config.chunksInFlight;
+  if (chunkBytes % 16 != 0 || chunkBytes > pp::kMaxChunkBytes) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->chunkBytes=%zu must be a multiple of 16 in 16..%zu (0: %zu)",
+                    config.chunkBytes, pp::kMaxChunkBytes, pp::kDefaultChunkBytes);
+  }
+  if (slots < 1 || slots > pp::kMaxSlots) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->chunksInFlight=%d is outside 1..%d (0: %d)",
+                    config.chunksInFlight, pp::kMaxSlots, pp::kDefaultSlots);
+  }
+  std::unique_ptr<unifabPpGroup> group(new unifabPpGroup());
+  UF_CHECK(unifab::collectives::DeviceComm::acquire(comm, &group->comm_));
+  const auto& dc = *group->comm_;
+  group->chunkBytes_ = chunkBytes;
+  group->slots_ = slots;
+  group->lsaSize_ = dc.lsaSize();
+  group->firstLsaRank_ = dc.rank() - dc.lsaRank();
+  group->myIndex_ = dc.lsaRank();
+  group->flagsBase_ = static_cast<size_t>(group->lsaSize_) * slots * chunkBytes;
+  const size_t windowBytes = group->flagsBase_ + 2 * sizeof(uint64_t) * group->lsaSize_ * slots;
+  UF_CHECK(pp::streamOps(dc.cudaDevice(), &group->ops_));
+  UF_CHECK(unifab::collectives::SymmetricWindow::create(group->comm_, windowBytes, &group->window_));
+  group->sentTo_.assign(group->lsaSize_, 0);
+  group->receivedFrom_.assign(group->lsaSize_, 0);
+  group->watchdog_ = std::make_unique<pp::WaitWatchdog>(dc.cudaDevice(), unifab::params().ppTimeoutMs);
+  UF_CHECK(group->watchdog_->start());
+  UF_INFO(kExt, kLogInit, "PP group: rank %d, %d NVLink peers, %d slots of %zu KiB per peer (window %zu MiB)",
+          dc.rank(), group->lsaSize_, slots, chunkBytes >> 10, windowBytes >> 20);
+  *out = group.release();
+  return unifabSuccess;
+}
+
+unifabPpGroup::~unifabPpGroup() {
+  if (comm_) {
+    unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
+    UF_CUDA_WARN(cudaDeviceSynchronize());  // transfers of the group still use its window
+  }
+  watchdog_.reset();
+  window_.reset();  // collective deregistration
+}
+
+size_t unifabPpGroup::slotOffset(int source, int slot) const {
+  return (static_cast<size_t>(source) * slots_ + slot) * chunkBytes_;
+}
+
+size_t unifabPpGroup::readyOffset(int source, int slot) const {
+  return flagsBase_ + sizeof(uint64_t) * (static_cast<size_t>(source) * slots_ + slot);
+}
+
+size_t unifabPpGroup::freedOffset(int reader, int slot) const {
+  return flagsBase_ + sizeof(uint64_t) * (static_cast<size_t>(lsaSize_ + reader) * slots_ + slot);
+}
+
+Result unifabPpGroup::lsaIndex(int peer, int* index) const {
+  if (peer < 0 || peer >= comm_->nRanks()) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "peer=%d is outside 0..%d", peer, comm_->nRanks() - 1);
+  }
+  if (peer < firstLsaRank_ || peer >= firstLsaRank_ + lsaSize_) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "peer=%d is not in this rank's NVLink (LSA) domain (ranks %d..%d): pipeline send/recv over the "
+                    "network is not implemented yet", peer, firstLsaRank_, firstLsaRank_ + lsaSize_ - 1);
+  }
+  *index = peer - firstLsaRank_;
+  return unifabSuccess;
+}
+
+Result unifabPpGroup::checkCall(const void* data, size_t bytes, int peer, cudaStream_t stream, int* index) const {
+  UF_CHECK(asyncError());
+  UF_CHECK(lsaIndex(peer, index));
+  if (bytes > 0 && data == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "data=NULL with bytes=%zu", bytes);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  UF_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "pipeline send/recv cannot be captured in a CUDA graph: chunks are numbered on the host");
+  }
+  int device = -1;
+  UF_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+  if (device != comm_->cudaDevice()) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "stream belongs to CUDA device %d, the group to device %d", device,
+                    comm_->cudaDevice());
+  }
+  return unifabSuccess;
+}
+
+Result unifabPpGroup::send(const void* data, size_t bytes, int peer, cudaStream_t stream) {
+  int to = 0;
+  UF_CHECK(checkCall(data, bytes, peer, stream, &to));
+  unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
+  std::lock_guard<std::mutex> lock(mutex_);
+  char* mine = window_->peerBases()[myIndex_];
+  char* theirs = window_->peerBases()[to];
+  for (const pp::Chunk& c : pp::planChunks(bytes, chunkBytes_, slots_, sentTo_[to])) {
+    if (c.reuseAfter > 0) {
+      // The peer has copied out the chunk that last used this slot.
+      UF_CHECK(watchdog_->wait(*ops_, stream, reinterpret_cast<uint64_t*>(mine + freedOffset(to, c.slot)), c.reuseAfter));
+    }
+    UF_CUDA_CHECK(cudaMemcpyAsync(theirs + slotOffset(myIndex_, c.slot), static_cast<const char*>(data) + c.offset,
+                                  c.bytes, cudaMemcpyDeviceToDevice, stream));
+    UF_CHECK(ops_->write(stream, reinterpret_cast<uint64_t*>(theirs + readyOffset(myIndex_, c.slot)), c.sequence));
+    sentTo_[to] = c.sequence;
+  }
+  return unifabSuccess;
+}
+
+Result unifabPpGroup::recv(void* data, size_t bytes, int peer, cudaStream_t stream) {
+  int from = 0;
+  UF_CHECK(checkCall(data, bytes, peer, stream, &from));
+  unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
+  std::lock_guard<std::mutex> lock(mutex_);
+  char* mine = window_->peerBases()[myIndex_];
+  char* theirs = window_->peerBases()[from];
+  for (const pp::Chunk& c : pp::planChunks(bytes, chunkBytes_, slots_, receivedFrom_[from])) {
+    UF_CHECK(watchdog_->wait(*ops_, stream, reinterpret_cast<uint64_t*>(mine + readyOffset(from, c.slot)), c.sequence));
+    UF_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(data) + c.offset, mine + slotOffset(from, c.slot), c.bytes,
+                                  cudaMemcpyDeviceToDevice, stream));
+    // The sender may now reuse the slot.
+    UF_CHECK(ops_->write(stream, reinterpret_cast<uint64_t*>(theirs + freedOffset(myIndex_, c.slot)), c.sequence));
+    receivedFrom_[from] = c.sequence;
+  }
+  return unifabSuccess;
+}
+
+Result unifabPpGroup::asyncError() const {
+  if (watchdog_ && watchdog_->timedOut()) {
+    return UF_ERROR(unifabTimeout, kExt,
+                    "an earlier pipeline send/recv on rank %d waited longer than UNIFAB_PP_TIMEOUT_MS for its peer: "
+                    "the group is unusable", comm_->rank());
+  }
+  return unifabSuccess;
+}

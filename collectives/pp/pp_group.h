@@ -1,0 +1,100 @@
+// Host side of pipeline send/recv: the group's window of receive slots, the chunk counters per
+// peer, and the watchdog that bounds every stream wait (stream memory waits cannot time out by
+// themselves).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "collectives/common/symmetric.h"
+#include "collectives/pp/stream_ops.h"
+#include "unifab/unifab.h"
+
+namespace unifab::collectives::pp {
+
+// Releases stream waits that last too long. Each wait is bracketed by two events on its stream:
+// the first completes when the stream reaches the wait (the clock starts then, not when the wait
+// was posted behind other work), the second when the wait is over. A wait still blocked after the
+// timeout gets its awaited value written by the watchdog, so that the stream moves on, and the
+// group records a timeout.
+class WaitWatchdog {
+ public:
+  WaitWatchdog(int device, int64_t timeoutMs);
+  ~WaitWatchdog();
+  WaitWatchdog(const WaitWatchdog&) = delete;
+  WaitWatchdog& operator=(const WaitWatchdog&) = delete;
+
+  Result start();
+  // Posts "wait until *flag >= value" on `stream`, watched.
+  Result wait(const StreamOps& ops, cudaStream_t stream, uint64_t* flag, uint64_t value);
+  bool timedOut() const { return timedOut_.load(); }
+
+ private:
+  struct Watched {
+    cudaEvent_t reached = nullptr, passed = nullptr;
+    uint64_t* flag = nullptr;
+    uint64_t value = 0;
+    bool reachedSeen = false;
+    std::chrono::steady_clock::time_point reachedAt;
+  };
+  void run();
+  Result takeEvent(cudaEvent_t* event);
+  void release(Watched& w);
+
+  const int device_;
+  const std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::list<Watched> watched_;
+  std::vector<cudaEvent_t> spareEvents_;
+  bool stopping_ = false;
+  std::atomic<bool> timedOut_{false};
+  cudaStream_t releaseStream_ = nullptr;  // non-blocking: never queues behind a stuck stream
+  uint64_t* releaseValue_ = nullptr;      // pinned staging of the value written on release
+  std::thread thread_;
+};
+
+}  // namespace unifab::collectives::pp
+
+struct unifabPpGroup {
+  static unifab::Result create(ncclComm_t comm, const unifabPpConfig_t& config, unifabPpGroup** out);
+  ~unifabPpGroup();
+
+  unifab::Result send(const void* data, size_t bytes, int peer, cudaStream_t stream);
+  unifab::Result recv(void* data, size_t bytes, int peer, cudaStream_t stream);
+  unifab::Result asyncError() const;
+
+ private:
+  unifabPpGroup() = default;
+  // The peer's index among this rank's LSA peers, or an error naming why it cannot be reached.
+  unifab::Result lsaIndex(int peer, int* index) const;
+  unifab::Result checkCall(const void* data, size_t bytes, int peer, cudaStream_t stream, int* index) const;
+  // Byte offsets in every rank's window: chunk slot `slot` of source `source` (LSA index), and the
+  // flags: ready[source][slot] (written by the source: that chunk has landed) and
+  // freed[reader][slot] (written by the reader of our chunks: it has copied them out).
+  size_t slotOffset(int source, int slot) const;
+  size_t readyOffset(int source, int slot) const;
+  size_t freedOffset(int reader, int slot) const;
+
+  std::shared_ptr<unifab::collectives::DeviceComm> comm_;
+  std::unique_ptr<unifab::collectives::SymmetricWindow> window_;
+  std::unique_ptr<unifab::collectives::pp::WaitWatchdog> watchdog_;
+  const unifab::collectives::pp::StreamOps* ops_ = nullptr;
+  size_t chunkBytes_ = 0;
+  int slots_ = 0;
+  int lsaSize_ = 0;
+  int firstLsaRank_ = 0;
+  int myIndex_ = 0;
+  size_t flagsBase_ = 0;
+  mutable std::mutex mutex_;         // the counters below, and the order of posted operations
+  std::vector<uint64_t> sentTo_;     // chunks sent to each LSA peer so far
+  std::vector<uint64_t> receivedFrom_;
+};

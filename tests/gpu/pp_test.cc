@@ -1,0 +1,169 @@
+// Pipeline send/recv against byte patterns, one process per GPU under unifab-launch (1 rank sends
+// to itself). Every round, each rank posts a batch of sends to the next rank on one stream and
+// the matching receives from the previous rank alternately on two others, with random delays
+// (a busy kernel) before some of them; the receives are then waited for in reverse order and
+// every received byte is checked. Sizes cross the chunk boundaries (1 B up to 64 MiB + 7, and
+// 1 GiB with --large); a small-slot configuration makes transfers rotate through the slots many
+// times. Also: the calls the group refuses.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/common/check_tally.h"
+#include "tests/common/device_data.h"
+#include "tests/common/ep_device.h"
+#include "tests/common/nccl_session.h"
+#include "tests/common/test_util.h"
+#include "unifab/unifab.h"
+
+using namespace unifab::test;
+
+namespace {
+
+#define TEST_PP_CHECK(call)                                                                                \
+  do {                                                                                                     \
+    unifabResult_t pp_r_ = (call);                                                                         \
+    if (pp_r_ != unifabSuccess) {                                                                          \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call, unifabGetErrorString(pp_r_), \
+              unifabGetLastError());                                                                       \
+      return false;                                                                                        \
+    }                                                                                                      \
+  } while (0)
+
+uint64_t patternSeed(int rank, int round, int index) {
+  return (static_cast<uint64_t>(rank) << 40) ^ (static_cast<uint64_t>(round) << 20) ^ static_cast<uint64_t>(index);
+}
+
+struct Streams {
+  cudaStream_t send = nullptr;
+  cudaStream_t recv[2] = {nullptr, nullptr};
+  ~Streams() {
+    cudaStreamDestroy(send);
+    for (cudaStream_t s : recv) cudaStreamDestroy(s);
+  }
+};
+
+bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<size_t>& sizes, int rounds, int batch,
+               const std::string& what) {
+  const int n = session.nRanks(), me = session.rank();
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  size_t largest = 0;
+  for (size_t s : sizes) largest = std::max(largest, s);
+  std::vector<void*> sendBuf(batch, nullptr), recvBuf(batch, nullptr);
+  for (int i = 0; i < batch; ++i) {
+    TEST_CUDA_CHECK(cudaMalloc(&sendBuf[i], std::max<size_t>(largest, 1)));
+    TEST_CUDA_CHECK(cudaMalloc(&recvBuf[i], std::max<size_t>(largest, 1)));
+  }
+  unsigned long long* mismatches = nullptr;
+  TEST_CUDA_CHECK(cudaMalloc(&mismatches, sizeof(unsigned long long) * batch));
+  Streams streams;
+  TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&streams.send, cudaStreamNonBlocking));
+  for (cudaStream_t& s : streams.recv) TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::mt19937 random(1234 + me);  // delays differ per rank; sizes must not
+  bool ok = true;
+  for (int round = 0; round < rounds && ok; ++round) {
+    std::vector<size_t> size(batch);
+    for (int i = 0; i < batch; ++i) size[i] = sizes[(static_cast<size_t>(round) * batch + i) % sizes.size()];
+    for (int i = 0; i < batch; ++i) {
+      TEST_CUDA_CHECK(fillBytes(sendBuf[i], size[i], patternSeed(me, round, i), streams.send));
+      if (random() % 3 == 0) TEST_CUDA_CHECK(spinOnDevice(20000 + random() % 200000, streams.send));
+      TEST_PP_CHECK(unifabPpSend(group, sendBuf[i], size[i], next, streams.send));
+      cudaStream_t r = streams.recv[i % 2];
+      // Poison: the complement of the first expected byte, everywhere.
+      const uint64_t expected = patternSeed(prev, round, i);
+      const int poison = static_cast<uint8_t>(~mix64(expected * 0x9e3779b97f4a7c15ULL));
+      TEST_CUDA_CHECK(cudaMemsetAsync(recvBuf[i], poison, size[i], r));
+      if (random() % 3 == 0) TEST_CUDA_CHECK(spinOnDevice(20000 + random() % 200000, r));
+      TEST_PP_CHECK(unifabPpRecv(group, recvBuf[i], size[i], prev, r));
+    }
+    // Out of order: the later stream first.
+    TEST_CUDA_CHECK(cudaStreamSynchronize(streams.recv[1]));
+    TEST_CUDA_CHECK(cudaStreamSynchronize(streams.recv[0]));
+    TEST_CUDA_CHECK(cudaStreamSynchronize(streams.send));
+    TEST_CUDA_CHECK(cudaMemset(mismatches, 0, sizeof(unsigned long long) * batch));
+    for (int i = 0; i < batch; ++i) {
+      TEST_CUDA_CHECK(countByteMismatches(recvBuf[i], size[i], patternSeed(prev, round, i), mismatches + i, nullptr));
+    }
+    std::vector<unsigned long long> bad(batch);
+    TEST_CUDA_CHECK(cudaMemcpy(bad.data(), mismatches, sizeof(unsigned long long) * batch, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < batch; ++i) {
+      check(bad[i] == 0, what + " round " + std::to_string(round) + " transfer " + std::to_string(i) + " (" +
+                             std::to_string(size[i]) + " B): " + std::to_string(bad[i]) + " bytes differ");
+    }
+    check(unifabPpGetAsyncError(group) == unifabSuccess, what + " round " + std::to_string(round) + ": no timeout");
+    ok = session.barrier(true);
+  }
+  for (int i = 0; i < batch; ++i) {
+    cudaFree(sendBuf[i]);
+    cudaFree(recvBuf[i]);
+  }
+  cudaFree(mismatches);
+  return ok;
+}
+
+bool runRefusals(NcclSession& session, unifabPpGroup_t group) {
+  cudaStream_t stream = session.stream();
+  check(unifabPpSend(group, nullptr, 16, 0, stream) == unifabInvalidArgument, "data=NULL with bytes is refused");
+  check(unifabPpSend(group, nullptr, 0, session.nRanks(), stream) == unifabInvalidArgument,
+        "a peer outside the communicator is refused");
+  check(unifabPpRecv(group, nullptr, 0, -1, stream) == unifabInvalidArgument, "a negative peer is refused");
+  cudaStream_t capturing = nullptr;
+  TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  TEST_CUDA_CHECK(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeThreadLocal));
+  const unifabResult_t captured = unifabPpSend(group, nullptr, 0, 0, capturing);
+  TEST_CUDA_CHECK(cudaStreamEndCapture(capturing, &graph));
+  check(captured == unifabInvalidUsage, "a capturing stream is refused");
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(capturing);
+  unifabPpConfig_t bad = UNIFAB_PP_CONFIG_INIT;
+  bad.chunkBytes = 1000;
+  unifabPpGroup_t none = nullptr;
+  check(unifabPpCreate(session.comm(), &bad, &none) == unifabInvalidArgument && none == nullptr,
+        "chunkBytes not a multiple of 16 is refused before any collective step");
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool large = false, smallSlots = false;
+  int rounds = 6;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--large") large = true;            // adds 1 GiB transfers
+    else if (arg == "--small-slots") smallSlots = true;  // 64 KiB x 2 slots: many rotations
+    else if (arg == "--rounds" && i + 1 < argc) rounds = atoi(argv[++i]);
+    else {
+      fprintf(stderr, "usage: %s [--large] [--small-slots] [--rounds N]\n", argv[0]);
+      return 2;
+    }
+  }
+  RankEnvironment env = rankEnvironment();
+  tally().rank = env.rank;
+  NcclSession session;
+  if (!session.init(env)) return 1;
+  unifabPpConfig_t config = UNIFAB_PP_CONFIG_INIT;
+  if (smallSlots) {
+    config.chunkBytes = 64 << 10;
+    config.chunksInFlight = 2;
+  }
+  unifabPpGroup_t group = nullptr;
+  if (unifabPpCreate(session.comm(), &config, &group) != unifabSuccess) {
+    fprintf(stderr, "rank %d: unifabPpCreate failed: %s\n", env.rank, unifabGetLastError());
+    return 1;
+  }
+  const size_t chunk = smallSlots ? size_t{64} << 10 : size_t{8} << 20;
+  std::vector<size_t> sizes = {1, 15, 4096, (size_t{1} << 20) + 3, chunk, chunk + 1, 3 * chunk + 5, (size_t{64} << 20) + 7, 0};
+  bool ok = runRefusals(session, group) && runRounds(session, group, sizes, rounds, 4, smallSlots ? "small slots" : "default");
+  if (ok && large) ok = runRounds(session, group, {size_t{1} << 30}, 2, 1, "1 GiB");
+  if (unifabPpDestroy(group) != unifabSuccess) ok = false;
+  if (!ok) printf("rank %d: aborted\n", env.rank);
+  const int status = finishChecks();
+  return ok ? status : 1;
+}

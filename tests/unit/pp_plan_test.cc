@@ -1,0 +1,45 @@
+// Pipeline send/recv chunking: every byte once, in order, sequences continuing across transfers,
+// slots in rotation, and a slot reused only after the chunk that last used it was released.
+#include <gtest/gtest.h>
+
+#include "collectives/pp/pp_plan.h"
+
+namespace {
+
+using unifab::collectives::pp::Chunk;
+using unifab::collectives::pp::planChunks;
+
+TEST(PpPlan, CoversEveryByteOnceInOrder) {
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{4095}, size_t{4096}, size_t{4097}, size_t{3} << 20}) {
+    const auto chunks = planChunks(bytes, 4096, 4, 0);
+    size_t next = 0;
+    for (const Chunk& c : chunks) {
+      EXPECT_EQ(c.offset, next);
+      EXPECT_GT(c.bytes, 0u);
+      EXPECT_LE(c.bytes, 4096u);
+      next += c.bytes;
+    }
+    EXPECT_EQ(next, bytes);
+    EXPECT_EQ(chunks.size(), (bytes + 4095) / 4096);
+  }
+}
+
+TEST(PpPlan, SequencesContinueAndSlotsRotate) {
+  const auto first = planChunks(10 * 100, 100, 4, 0);
+  const auto second = planChunks(3 * 100, 100, 4, first.size());
+  ASSERT_EQ(first.size(), 10u);
+  EXPECT_EQ(second.front().sequence, 11u);
+  std::vector<Chunk> all(first);
+  all.insert(all.end(), second.begin(), second.end());
+  for (size_t i = 0; i < all.size(); ++i) {
+    EXPECT_EQ(all[i].sequence, i + 1);
+    EXPECT_EQ(all[i].slot, static_cast<int>(i % 4));
+    // A slot's previous user is the chunk 4 earlier: that one must be released first.
+    EXPECT_EQ(all[i].reuseAfter, i + 1 > 4 ? i + 1 - 4 : 0u);
+    if (i >= 4) {
+      EXPECT_EQ(all[i - 4].slot, all[i].slot);
+    }
+  }
+}
+
+}  // namespace
