@@ -38,12 +38,7 @@ struct EpRun {
 bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   test::NcclSession session;
   if (!session.init(env)) return false;
-  test::ep::Shape shape;
-  shape.nRanks = env.nRanks;
-  shape.numExperts = run.experts;
-  shape.hidden = run.hidden;
-  shape.topk = run.topk;
-  shape.maxTokens = run.tokens;
+  const test::ep::Shape shape = test::ep::makeShape(env.nRanks, run.experts, run.hidden, run.topk, run.tokens);
   // Uniform routing, no masked entries: the standard benchmark shape.
   test::ep::RankInput input = test::ep::makeInput(shape, env.rank, 777, run.fp8, 0, run.tokens);
 

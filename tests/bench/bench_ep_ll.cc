@@ -40,12 +40,8 @@ struct LlRow {
 bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
   test::NcclSession session;
   if (!session.init(env)) return false;
-  test::ep::Shape shape;
-  shape.nRanks = env.nRanks;
-  shape.numExperts = run.experts;
-  shape.hidden = run.hidden;
-  shape.topk = run.topk;
-  shape.maxTokens = *std::max_element(run.tokens.begin(), run.tokens.end());
+  const test::ep::Shape shape = test::ep::makeShape(env.nRanks, run.experts, run.hidden, run.topk,
+                                                    *std::max_element(run.tokens.begin(), run.tokens.end()));
   unifabEpConfig_t config = test::ep::groupConfig(shape);
   config.mode = unifabEpLowLatency;
   unifabEpGroup_t group = nullptr;

@@ -18,6 +18,16 @@ struct Shape {
   int localExperts() const { return numExperts / nRanks; }
 };
 
+inline Shape makeShape(int nRanks, int numExperts, int hidden, int topk, int maxTokens) {
+  Shape shape;
+  shape.nRanks = nRanks;
+  shape.numExperts = numExperts;
+  shape.hidden = hidden;
+  shape.topk = topk;
+  shape.maxTokens = maxTokens;
+  return shape;
+}
+
 struct RankInput {
   int numTokens = 0;
   bool fp8 = false;

@@ -31,12 +31,7 @@ void expectError(unifabResult_t got, unifabResult_t expected, const char* mentio
 }
 
 bool run(NcclSession& session) {
-  Shape shape;
-  shape.nRanks = session.nRanks();
-  shape.numExperts = 16;
-  shape.hidden = 2048;
-  shape.topk = 4;
-  shape.maxTokens = 64;
+  const Shape shape = makeShape(session.nRanks(), 16, 2048, 4, 64);
   unifabEpConfig_t config = groupConfig(shape);
   unifabEpGroup_t group = nullptr;
   TEST_UNIFAB_CHECK(unifabEpCreate(session.comm(), &config, &group));

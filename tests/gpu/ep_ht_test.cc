@@ -389,12 +389,7 @@ int main(int argc, char** argv) {
     }
   }
   for (const ShapeSpec& spec : shapes) {
-    Shape shape;
-    shape.nRanks = session.nRanks();
-    shape.numExperts = spec.experts;
-    shape.hidden = spec.hidden;
-    shape.topk = spec.topk;
-    shape.maxTokens = spec.tokens;
+    const Shape shape = makeShape(session.nRanks(), spec.experts, spec.hidden, spec.topk, spec.tokens);
     if (!runShape(session, shape, iterations, replays)) {
       printf("rank %d: aborted in shape E%d H%d top-%d\n", env.rank, spec.experts, spec.hidden, spec.topk);
       return 1;

@@ -32,12 +32,7 @@ constexpr int kSkipped = 77;
 // no group behind.
 void expectRefused(NcclSession& session, unifabEpMode_t mode, unifabResult_t expected, const char* mentions,
                    const std::string& what) {
-  ep::Shape shape;
-  shape.nRanks = session.nRanks();
-  shape.numExperts = 16;
-  shape.hidden = 2048;
-  shape.topk = 4;
-  shape.maxTokens = 64;
+  const ep::Shape shape = ep::makeShape(session.nRanks(), 16, 2048, 4, 64);
   unifabEpConfig_t config = ep::groupConfig(shape);
   config.mode = mode;
   unifabEpGroup_t group = nullptr;
