@@ -15,6 +15,9 @@
 #ifndef UNIFAB_UNIFAB_H_
 #define UNIFAB_UNIFAB_H_
 
+#include <stddef.h>
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -277,6 +280,67 @@ UNIFAB_API unifabResult_t unifabPpRecv(unifabPpGroup_t group, void* data, size_t
 /* unifabTimeout when the watchdog released a wait that exceeded UNIFAB_PP_TIMEOUT_MS (the group is
  * then unusable), else unifabSuccess. Does not synchronise. */
 UNIFAB_API unifabResult_t unifabPpGetAsyncError(unifabPpGroup_t group);
+
+/* ============================================================================================
+ * Engram: a table of rows spread over the ranks of a communicator (rank r holds global rows
+ * r * rowsPerRank .. (r + 1) * rowsPerRank - 1), read by global row id into a local buffer. Two
+ * engines: the copy engine (no SM; needs the ids on the host, merges runs of adjacent ids into
+ * one copy; best for large rows) and a gather kernel on a few SMs (ids on the device; best for
+ * small rows). A fetch is issued on the table's own stream after the caller's stream's earlier
+ * work, and joined back with unifabEngramWait, so the caller's stream runs on in between. All
+ * ranks holding rows a fetch reads must be LSA peers of the reader (one NVLink domain).
+ * ============================================================================================ */
+
+typedef struct unifabEngramTable* unifabEngramTable_t;
+typedef struct unifabEngramFetch* unifabEngramFetch_t;
+
+typedef struct {
+  size_t size;            /* sizeof(unifabEngramConfig_t) */
+  size_t rowBytes;        /* bytes of one row (BF16, FP8 or raw), a multiple of 16, at most 1 MiB */
+  int64_t rowsPerRank;    /* rows each rank holds */
+  int rowScales;          /* 1: every row also carries one float (the scale of an FP8 row) */
+} unifabEngramConfig_t;
+#define UNIFAB_ENGRAM_CONFIG_INIT {sizeof(unifabEngramConfig_t), 0, 0, 0}
+
+typedef enum {
+  unifabEngramAuto = 0,        /* copy engine for rows of 32 KiB and more with host ids, else SMs */
+  unifabEngramCopyEngine = 1,  /* no SM; needs hostRowIds = 1 */
+  unifabEngramSmGather = 2     /* a gather kernel on at most maxSms SMs */
+} unifabEngramEngine_t;
+
+typedef struct {
+  size_t size;                     /* sizeof(unifabEngramFetchArgs_t) */
+  const void* rowIds;              /* [numRows] global row ids */
+  unifabEpIndexType_t rowIdType;   /* int64 or int32 */
+  int hostRowIds;                  /* 1: rowIds is host memory, read during the call */
+  size_t numRows;
+  void* out;                       /* [numRows, rowBytes] device memory, 16-byte aligned */
+  float* outScales;                /* [numRows] when the table has row scales, else ignored */
+  unifabEngramEngine_t engine;
+  int maxSms;                      /* gather kernel: at most this many SMs; 0 = 4 */
+} unifabEngramFetchArgs_t;
+#define UNIFAB_ENGRAM_FETCH_ARGS_INIT \
+  {sizeof(unifabEngramFetchArgs_t), 0, unifabEpIndexInt64, 0, 0, 0, 0, unifabEngramAuto, 0}
+
+/* Collective over `comm`; the table starts zeroed. */
+UNIFAB_API unifabResult_t unifabEngramCreate(ncclComm_t comm, const unifabEngramConfig_t* config,
+                                             unifabEngramTable_t* table);
+/* Collective; waits for the table's outstanding fetches. */
+UNIFAB_API unifabResult_t unifabEngramDestroy(unifabEngramTable_t table);
+/* Writes `numRows` rows (and their scales, with row scales) from device memory into this rank's
+ * rows firstRow.. on `stream` (copy engine). Readers see them in fetches issued after `stream`'s
+ * write completes. */
+UNIFAB_API unifabResult_t unifabEngramWrite(unifabEngramTable_t table, int64_t firstRow, int64_t numRows,
+                                            const void* rows, const float* scales, cudaStream_t stream);
+/* Issues a fetch after the earlier work of `stream`; *fetch is to be waited for exactly once. */
+UNIFAB_API unifabResult_t unifabEngramFetchIssue(unifabEngramTable_t table, const unifabEngramFetchArgs_t* args,
+                                                 cudaStream_t stream, unifabEngramFetch_t* fetch);
+/* Makes `stream` wait for the fetch's rows and releases the fetch. *smsUsed (may be NULL)
+ * receives the SMs the fetch held: 0 for the copy engine. */
+UNIFAB_API unifabResult_t unifabEngramWait(unifabEngramFetch_t fetch, cudaStream_t stream, int* smsUsed);
+/* unifabInvalidArgument when a gather kernel met a row id out of range (its row was zeroed), else
+ * unifabSuccess. Does not synchronise. */
+UNIFAB_API unifabResult_t unifabEngramGetAsyncError(unifabEngramTable_t table);
 
 #ifdef __cplusplus
 }

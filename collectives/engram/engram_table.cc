@@ -1,0 +1,260 @@
+#include "collectives/engram/engram_table.h"
+
+#include "collectives/engram/engram_plan.h"
+
+#include <algorithm>
+
+#include "collectives/common/cuda_check.h"
+#include "collectives/common/device_guard.h"
+#include "collectives/ep/ep_common.h"
+
+using unifab::Result;
+using unifab::kLogInit;
+using unifab::collectives::ep::aligned16;
+using unifab::collectives::ep::rawEnum;
+namespace ken = unifab::kernels::engram;
+
+namespace unifab::collectives::engram {
+namespace {
+
+constexpr size_t kMaxRowBytes = size_t{1} << 20;
+constexpr size_t kCopyEngineMinRowBytes = size_t{32} << 10;  // below, a copy's fixed cost dominates
+constexpr int kDefaultGatherSms = 4;
+constexpr size_t kMaxBatch = 4096;  // copies per cudaMemcpyBatchAsync call
+
+}  // namespace
+
+}  // namespace unifab::collectives::engram
+
+namespace engram = unifab::collectives::engram;
+
+Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& config, unifabEngramTable** out) {
+  if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
+  if (config.size < sizeof(unifabEngramConfig_t)) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "config->size=%zu, expected %zu: initialise it with UNIFAB_ENGRAM_CONFIG_INIT", config.size,
+                    sizeof(unifabEngramConfig_t));
+  }
+  if (config.rowBytes < 16 || config.rowBytes % 16 != 0 || config.rowBytes > engram::kMaxRowBytes) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->rowBytes=%zu must be a multiple of 16 in 16..%zu",
+                    config.rowBytes, engram::kMaxRowBytes);
+  }
+  if (config.rowsPerRank < 1 || config.rowsPerRank > (int64_t{1} << 40) / static_cast<int64_t>(config.rowBytes)) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->rowsPerRank=%lld must be in 1..%lld for %zu-byte rows",
+                    static_cast<long long>(config.rowsPerRank),
+                    static_cast<long long>((int64_t{1} << 40) / static_cast<int64_t>(config.rowBytes)), config.rowBytes);
+  }
+  if (config.rowScales != 0 && config.rowScales != 1) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->rowScales=%d is neither 0 nor 1", config.rowScales);
+  }
+  std::unique_ptr<unifabEngramTable> table(new unifabEngramTable());
+  table->config_ = config;
+  UF_CHECK(unifab::collectives::DeviceComm::acquire(comm, &table->comm_));
+  const auto& dc = *table->comm_;
+  if (dc.lsaSize() > ken::kMaxPeers) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "%d NVLink peers: Engram tables span at most %d", dc.lsaSize(),
+                    ken::kMaxPeers);
+  }
+  const size_t rowsBytes = static_cast<size_t>(config.rowsPerRank) * config.rowBytes;
+  table->scalesOffset_ = rowsBytes;
+  const size_t windowBytes = rowsBytes + (config.rowScales ? sizeof(float) * static_cast<size_t>(config.rowsPerRank) : 0);
+  UF_CHECK(unifab::collectives::SymmetricWindow::create(table->comm_, windowBytes, &table->window_));
+  unifab::collectives::DeviceGuard guard(dc.cudaDevice());
+  UF_CUDA_CHECK(cudaStreamCreateWithFlags(&table->stream_, cudaStreamNonBlocking));
+  UF_CUDA_CHECK(cudaMalloc(&table->deviceMemory_, sizeof(int)));
+  UF_CUDA_CHECK(cudaMemset(table->deviceMemory_, 0, sizeof(int)));
+  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&table->hostError_), sizeof(int), cudaHostAllocMapped));
+  *table->hostError_ = 0;
+  UF_CUDA_CHECK(cudaDeviceGetAttribute(&table->deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
+  ken::TableView& v = table->view_;
+  v.firstRank = dc.rank() - dc.lsaRank();
+  v.peers = dc.lsaSize();
+  v.rowsPerRank = config.rowsPerRank;
+  v.rowBytes = static_cast<int64_t>(config.rowBytes);
+  for (int p = 0; p < v.peers; ++p) {
+    v.rows[p] = table->window_->peerBases()[p];
+    v.scales[p] = config.rowScales ? reinterpret_cast<float*>(v.rows[p] + table->scalesOffset_) : nullptr;
+  }
+  v.error = static_cast<int*>(table->deviceMemory_);
+  UF_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&v.hostError), table->hostError_, 0));
+  UF_INFO(kExt, kLogInit, "Engram table: rank %d, %lld rows of %zu B per rank%s over %d NVLink peers (%zu MiB here)",
+          dc.rank(), static_cast<long long>(config.rowsPerRank), config.rowBytes, config.rowScales ? " with scales" : "",
+          v.peers, windowBytes >> 20);
+  *out = table.release();
+  return unifabSuccess;
+}
+
+unifabEngramTable::~unifabEngramTable() {
+  if (comm_) {
+    unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
+    if (stream_ != nullptr) {
+      UF_CUDA_WARN(cudaStreamSynchronize(stream_));
+      UF_CUDA_WARN(cudaStreamDestroy(stream_));
+    }
+    UF_CUDA_WARN(cudaDeviceSynchronize());  // readers elsewhere on this GPU may still use the rows
+  }
+  if (deviceMemory_ != nullptr) UF_CUDA_WARN(cudaFree(deviceMemory_));
+  if (hostError_ != nullptr) UF_CUDA_WARN(cudaFreeHost(hostError_));
+  window_.reset();  // collective deregistration
+}
+
+Result unifabEngramTable::write(int64_t firstRow, int64_t numRows, const void* rows, const float* scales,
+                                cudaStream_t stream) {
+  UF_CHECK(asyncError());
+  if (firstRow < 0 || numRows < 0 || firstRow + numRows > config_.rowsPerRank) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "rows %lld..%lld are outside this rank's 0..%lld",
+                    static_cast<long long>(firstRow), static_cast<long long>(firstRow + numRows - 1),
+                    static_cast<long long>(config_.rowsPerRank - 1));
+  }
+  if (numRows > 0 && rows == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "rows=NULL with numRows=%lld",
+                                                      static_cast<long long>(numRows));
+  if (numRows > 0 && config_.rowScales && scales == nullptr) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "scales=NULL: the table carries a scale per row");
+  }
+  unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
+  char* local = window_->localBase();
+  UF_CUDA_CHECK(cudaMemcpyAsync(local + static_cast<size_t>(firstRow) * config_.rowBytes, rows,
+                                static_cast<size_t>(numRows) * config_.rowBytes, cudaMemcpyDeviceToDevice, stream));
+  if (config_.rowScales && numRows > 0) {
+    UF_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<float*>(local + scalesOffset_) + firstRow, scales,
+                                  sizeof(float) * static_cast<size_t>(numRows), cudaMemcpyDeviceToDevice, stream));
+  }
+  return unifabSuccess;
+}
+
+Result unifabEngramTable::validate(const unifabEngramFetchArgs_t& a, cudaStream_t stream) const {
+  if (a.size < sizeof(unifabEngramFetchArgs_t)) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "args->size=%zu, expected %zu: initialise it with UNIFAB_ENGRAM_FETCH_ARGS_INIT", a.size,
+                    sizeof(unifabEngramFetchArgs_t));
+  }
+  if (rawEnum(a.rowIdType) != unifabEpIndexInt64 && rawEnum(a.rowIdType) != unifabEpIndexInt32) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "rowIdType=%d is neither int64 (0) nor int32 (1)", rawEnum(a.rowIdType));
+  }
+  const int engine = rawEnum(a.engine);
+  if (engine != unifabEngramAuto && engine != unifabEngramCopyEngine && engine != unifabEngramSmGather) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "engine=%d is not a unifabEngramEngine_t value (0..2)", engine);
+  }
+  if (engine == unifabEngramCopyEngine && a.hostRowIds == 0) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "engine=unifabEngramCopyEngine needs hostRowIds=1: the copy engine's copies are built on the host");
+  }
+  if (a.maxSms < 0 || a.maxSms > deviceSms_) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "maxSms=%d is outside 0..%d (0: %d)", a.maxSms, deviceSms_,
+                    engram::kDefaultGatherSms);
+  }
+  if (a.numRows > 0) {
+    if (a.rowIds == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "rowIds=NULL with numRows=%zu", a.numRows);
+    if (a.out == nullptr || !aligned16(a.out)) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "out=%p must be a non-NULL device pointer aligned to 16 bytes", a.out);
+    }
+    if (config_.rowScales && a.outScales == nullptr) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "outScales=NULL: the table carries a scale per row");
+    }
+  }
+  int device = comm_->cudaDevice();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  UF_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusNone) UF_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+  if (device != comm_->cudaDevice()) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "stream belongs to CUDA device %d, the table to device %d", device,
+                    comm_->cudaDevice());
+  }
+  return unifabSuccess;
+}
+
+Result unifabEngramTable::copyEngineFetch(const unifabEngramFetchArgs_t& a) {
+  std::vector<int64_t> ids(a.numRows);
+  for (size_t i = 0; i < a.numRows; ++i) {
+    ids[i] = a.rowIdType == unifabEpIndexInt32 ? static_cast<int64_t>(static_cast<const int32_t*>(a.rowIds)[i])
+                                               : static_cast<const int64_t*>(a.rowIds)[i];
+  }
+  std::vector<engram::RowRun> runs;
+  size_t bad = 0;
+  if (!engram::planRuns(ids, view_.firstRank, view_.peers, view_.rowsPerRank, &runs, &bad)) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "rowIds[%zu]=%lld is outside the rows of ranks %d..%d (0..%lld rows each; other ranks are not "
+                    "NVLink peers of this one)", bad, static_cast<long long>(ids[bad]), view_.firstRank,
+                    view_.firstRank + view_.peers - 1, static_cast<long long>(view_.rowsPerRank - 1));
+  }
+  cudaMemcpyAttributes attributes{};
+  attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  size_t attributeIndex = 0;
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  auto flush = [&]() -> Result {
+    if (dsts.empty()) return unifabSuccess;
+    UF_CUDA_CHECK(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attributes, &attributeIndex,
+                                       1, stream_));
+    dsts.clear();
+    srcs.clear();
+    sizes.clear();
+    return unifabSuccess;
+  };
+  for (bool scales : {false, true}) {
+    if (scales && !config_.rowScales) break;
+    const size_t unit = scales ? sizeof(float) : config_.rowBytes;
+    for (const engram::RowRun& run : runs) {
+      const char* base = scales ? reinterpret_cast<const char*>(view_.scales[run.peer]) : view_.rows[run.peer];
+      char* out = scales ? reinterpret_cast<char*>(a.outScales) : static_cast<char*>(a.out);
+      dsts.push_back(out + run.firstOut * unit);
+      srcs.push_back(base + static_cast<size_t>(run.firstRow) * unit);
+      sizes.push_back(static_cast<size_t>(run.rows) * unit);
+      if (dsts.size() == engram::kMaxBatch) UF_CHECK(flush());
+    }
+    UF_CHECK(flush());
+  }
+  return unifabSuccess;
+}
+
+Result unifabEngramTable::gatherFetch(const unifabEngramFetchArgs_t& a, int sms) {
+  ken::GatherArgs args;
+  args.rowIds = a.rowIds;
+  args.rowIdsAre32 = a.rowIdType == unifabEpIndexInt32;
+  args.numRows = static_cast<int64_t>(a.numRows);
+  args.out = static_cast<char*>(a.out);
+  args.outScales = config_.rowScales ? a.outScales : nullptr;
+  UF_CUDA_CHECK(ken::launchGather(view_, args, sms, stream_));
+  return unifabSuccess;
+}
+
+Result unifabEngramTable::issue(const unifabEngramFetchArgs_t& a, cudaStream_t stream, unifabEngramFetch** fetch) {
+  UF_CHECK(asyncError());
+  UF_CHECK(validate(a, stream));
+  unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
+  const bool copyEngine = a.engine == unifabEngramCopyEngine ||
+                          (a.engine == unifabEngramAuto && a.hostRowIds != 0 &&
+                           config_.rowBytes >= engram::kCopyEngineMinRowBytes);
+  // The gather kernel reads device ids; host ids are staged by the caller's choice of engine.
+  if (!copyEngine && a.hostRowIds != 0) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "hostRowIds=1 with the gather kernel: pass the ids in device memory, or choose the copy engine");
+  }
+  const int cap = a.maxSms > 0 ? a.maxSms : engram::kDefaultGatherSms;
+  const int sms = copyEngine ? 0 : static_cast<int>(std::clamp<size_t>((a.numRows + 31) / 32, 1, static_cast<size_t>(cap)));
+  auto made = std::make_unique<unifabEngramFetch>();
+  made->smsUsed = sms;
+  std::lock_guard<std::mutex> lock(mutex_);
+  cudaEvent_t after = nullptr;
+  UF_CUDA_CHECK(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+  cudaError_t forked = cudaEventRecord(after, stream);
+  if (forked == cudaSuccess) forked = cudaStreamWaitEvent(stream_, after, 0);
+  cudaEventDestroy(after);  // released once the wait has used it
+  UF_CUDA_CHECK(forked);
+  if (a.numRows > 0) UF_CHECK(copyEngine ? copyEngineFetch(a) : gatherFetch(a, sms));
+  UF_CUDA_CHECK(cudaEventCreateWithFlags(&made->done, cudaEventDisableTiming));
+  UF_CUDA_CHECK(cudaEventRecord(made->done, stream_));
+  *fetch = made.release();
+  return unifabSuccess;
+}
+
+Result unifabEngramTable::asyncError() const {
+  const int code = *reinterpret_cast<volatile int*>(hostError_);
+  if ((code & ken::kErrorRowId) != 0) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "an earlier Engram fetch on rank %d met a row id outside the table (its row was zeroed)",
+                    comm_->rank());
+  }
+  return unifabSuccess;
+}

@@ -1,0 +1,45 @@
+// Host side of Engram: the table's window (rows and row scales), its own stream, the choice of
+// engine per fetch, and the copy-engine path (runs of adjacent ids merged into one copy).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "collectives/common/symmetric.h"
+#include "kernels/engram/gather.h"
+#include "unifab/unifab.h"
+
+
+struct unifabEngramFetch {
+  cudaEvent_t done = nullptr;
+  int smsUsed = 0;
+};
+
+struct unifabEngramTable {
+  static unifab::Result create(ncclComm_t comm, const unifabEngramConfig_t& config, unifabEngramTable** out);
+  ~unifabEngramTable();
+
+  unifab::Result write(int64_t firstRow, int64_t numRows, const void* rows, const float* scales, cudaStream_t stream);
+  unifab::Result issue(const unifabEngramFetchArgs_t& args, cudaStream_t stream, unifabEngramFetch** fetch);
+  unifab::Result asyncError() const;
+
+ private:
+  unifabEngramTable() = default;
+  unifab::Result validate(const unifabEngramFetchArgs_t& a, cudaStream_t stream) const;
+  unifab::Result copyEngineFetch(const unifabEngramFetchArgs_t& a);
+  unifab::Result gatherFetch(const unifabEngramFetchArgs_t& a, int sms);
+
+  std::shared_ptr<unifab::collectives::DeviceComm> comm_;
+  std::unique_ptr<unifab::collectives::SymmetricWindow> window_;
+  unifabEngramConfig_t config_{};
+  unifab::kernels::engram::TableView view_{};
+  size_t scalesOffset_ = 0;
+  cudaStream_t stream_ = nullptr;  // fetches run here, after the caller's stream's earlier work
+  void* deviceMemory_ = nullptr;   // the error word
+  int* hostError_ = nullptr;
+  int deviceSms_ = 0;
+  std::mutex mutex_;               // one fetch at a time is posted to stream_
+};

@@ -1,0 +1,66 @@
+// The unifabEngram* C entry points: argument plumbing onto collectives/engram.
+#include "collectives/common/cuda_check.h"
+#include "collectives/engram/engram_table.h"
+#include "plugin/boundary.h"
+
+using unifab::LogComponent;
+using unifab::guarded;
+
+extern "C" {
+
+UNIFAB_API unifabResult_t unifabEngramCreate(ncclComm_t comm, const unifabEngramConfig_t* config,
+                                             unifabEngramTable_t* table) {
+  return guarded(LogComponent::kExt, "unifabEngramCreate", [&] {
+    if (config == nullptr || table == nullptr) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "unifabEngramCreate: config and table must not be NULL");
+    }
+    *table = nullptr;
+    return unifabEngramTable::create(comm, *config, table);
+  });
+}
+
+UNIFAB_API unifabResult_t unifabEngramDestroy(unifabEngramTable_t table) {
+  return guarded(LogComponent::kExt, "unifabEngramDestroy", [&] {
+    delete table;
+    return unifabSuccess;
+  });
+}
+
+UNIFAB_API unifabResult_t unifabEngramWrite(unifabEngramTable_t table, int64_t firstRow, int64_t numRows,
+                                            const void* rows, const float* scales, cudaStream_t stream) {
+  return guarded(LogComponent::kExt, "unifabEngramWrite", [&] {
+    if (table == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "unifabEngramWrite: table=NULL");
+    return table->write(firstRow, numRows, rows, scales, stream);
+  });
+}
+
+UNIFAB_API unifabResult_t unifabEngramFetchIssue(unifabEngramTable_t table, const unifabEngramFetchArgs_t* args,
+                                                 cudaStream_t stream, unifabEngramFetch_t* fetch) {
+  return guarded(LogComponent::kExt, "unifabEngramFetchIssue", [&] {
+    if (table == nullptr || args == nullptr || fetch == nullptr) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "unifabEngramFetchIssue: table, args and fetch must not be NULL");
+    }
+    *fetch = nullptr;
+    return table->issue(*args, stream, fetch);
+  });
+}
+
+UNIFAB_API unifabResult_t unifabEngramWait(unifabEngramFetch_t fetch, cudaStream_t stream, int* smsUsed) {
+  return guarded(LogComponent::kExt, "unifabEngramWait", [&] {
+    if (fetch == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "unifabEngramWait: fetch=NULL");
+    std::unique_ptr<unifabEngramFetch> owned(fetch);
+    if (smsUsed != nullptr) *smsUsed = owned->smsUsed;
+    UF_CUDA_CHECK(cudaStreamWaitEvent(stream, owned->done, 0));
+    UF_CUDA_CHECK(cudaEventDestroy(owned->done));
+    return unifabSuccess;
+  });
+}
+
+UNIFAB_API unifabResult_t unifabEngramGetAsyncError(unifabEngramTable_t table) {
+  return guarded(LogComponent::kExt, "unifabEngramGetAsyncError", [&] {
+    if (table == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "unifabEngramGetAsyncError: table=NULL");
+    return table->asyncError();
+  });
+}
+
+}  // extern "C"
