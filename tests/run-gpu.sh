@@ -2,7 +2,8 @@
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
 # and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
-#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [epsweep] [trace] [sanitize] [sweep]   default: tests bench ep ll pp
+#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [epsweep] [trace] [sanitize] [sweep]
+#   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match.
 # The machines are shared virtual machines whose loopback TCP speed changes from minute to
 # minute, so every comparison runs its contenders interleaved, several times, and reports the
@@ -14,7 +15,7 @@ out="${OUT:-$here/gpu-results}"
 logs="$out/logs"
 build="${UNIFAB_GPU_BUILD_DIR:-$here/build-gpu}"
 mkdir -p "$logs"
-steps="${*:-tests bench ep ll pp}"
+steps="${*:-tests bench ep ll pp engram}"
 summary="$out/summary.txt"
 : >"$summary"
 say() { echo "$@" | tee -a "$summary"; }
@@ -128,6 +129,11 @@ for step in $steps; do
     say "== unifab-bench pp, rank 0 -> rank 1"
     "$bench" pp --min 4K --max 1G --factor 4 --iters 20 --warmup 3 --csv "$logs/pp.csv" >"$logs/pp.txt" 2>&1 || failed=1
     tee -a "$summary" <"$logs/pp.txt"
+    ;;
+  engram)
+    say "== unifab-bench engram, random rows of the peer GPU"
+    "$bench" engram --rows 256,1K,4K,14K,64K --fetch 64M --iters 20 --csv "$logs/engram.csv" >"$logs/engram.txt" 2>&1 || failed=1
+    tee -a "$summary" <"$logs/engram.txt"
     ;;
   epsweep)
     say "== unifab-bench ep --mode ht, SM sweep (dispatch, cached dispatch, combine)"

@@ -37,5 +37,6 @@ int runNet(Args& args);
 int runColl(Args& args, const char* self);
 int runEp(Args& args, const char* self);
 int runPp(Args& args, const char* self);
+int runEngram(Args& args, const char* self);
 
 }  // namespace unifab::bench

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "tests/bench/bench_common.h"
+#include "tests/bench/peer_buffer.h"
 
 namespace unifab::bench {
 namespace {
@@ -76,20 +77,15 @@ __global__ void __launch_bounds__(kThreads) copyRowsKernel(const int4* src, int4
   }
 }
 
-// Buffers of one rank: a source, a local destination and a receive area that peers write into,
-// opened by every other rank through CUDA IPC.
+// Buffers of one rank: a source, a local destination, and a receive area that peers write into
+// (nRanks slots of remoteBytes: slot s is written by rank s).
 struct Buffers {
   char* src = nullptr;
   char* local = nullptr;
-  char* recv = nullptr;  // nRanks slots of remoteBytes: slot s is written by rank s
-  std::vector<char*> peerRecv;
+  PeerBuffer recv;
   ~Buffers() {
-    for (char* p : peerRecv) {
-      if (p != nullptr) cudaIpcCloseMemHandle(p);
-    }
     cudaFree(src);
     cudaFree(local);
-    cudaFree(recv);
   }
 };
 
@@ -106,28 +102,8 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
   const size_t srcBytes = std::max(remoteBytes, localBytes);
   TEST_CUDA_CHECK(cudaMalloc(&b.src, srcBytes));
   TEST_CUDA_CHECK(cudaMalloc(&b.local, localBytes));
-  TEST_CUDA_CHECK(cudaMalloc(&b.recv, std::max<size_t>(remoteBytes, 256) * n));  // IPC needs an allocation
   TEST_CUDA_CHECK(cudaMemset(b.src, 0x3c, srcBytes));
-
-  // Every rank's IPC handle, gathered through NCCL.
-  cudaIpcMemHandle_t mine;
-  TEST_CUDA_CHECK(cudaIpcGetMemHandle(&mine, b.recv));
-  char* handles = nullptr;
-  TEST_CUDA_CHECK(cudaMalloc(&handles, sizeof(mine) * n));
-  TEST_CUDA_CHECK(cudaMemcpy(handles + sizeof(mine) * me, &mine, sizeof(mine), cudaMemcpyHostToDevice));
-  TEST_NCCL_CHECK(ncclAllGather(handles + sizeof(mine) * me, handles, sizeof(mine), ncclChar, session.comm(), stream));
-  std::vector<cudaIpcMemHandle_t> all(n);
-  TEST_CUDA_CHECK(cudaMemcpyAsync(all.data(), handles, sizeof(mine) * n, cudaMemcpyDeviceToHost, stream));
-  TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
-  TEST_CUDA_CHECK(cudaFree(handles));
-  b.peerRecv.assign(n, nullptr);
-  for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
-    void* opened = nullptr;
-    TEST_CUDA_CHECK(cudaIpcOpenMemHandle(&opened, all[p], cudaIpcMemLazyEnablePeerAccess));
-    b.peerRecv[p] = static_cast<char*>(opened);
-  }
-
+  if (!b.recv.open(session, remoteBytes * n)) return false;
   cudaEvent_t start, stop;
   TEST_CUDA_CHECK(cudaEventCreate(&start));
   TEST_CUDA_CHECK(cudaEventCreate(&stop));
@@ -150,7 +126,7 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
   auto copyEngine = [&]() {
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
-      TEST_CUDA_CHECK(cudaMemcpyAsync(b.peerRecv[p] + remoteBytes * me, b.src, remoteBytes, cudaMemcpyDeviceToDevice, stream));
+      TEST_CUDA_CHECK(cudaMemcpyAsync(b.recv.peer(p) + remoteBytes * me, b.src, remoteBytes, cudaMemcpyDeviceToDevice, stream));
     }
     TEST_CUDA_CHECK(cudaMemcpyAsync(b.local, b.src, localBytes, cudaMemcpyDeviceToDevice, stream));
     return true;
@@ -160,7 +136,7 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
     return [&, remoteRows, localRows, remoteBlocks, predicated]() {
       const int peer = (me + 1) % n;
       copyRowsKernel<<<sms, kThreads, 0, stream>>>(
-          reinterpret_cast<const int4*>(b.src), reinterpret_cast<int4*>(b.peerRecv[peer] + remoteBytes * me),
+          reinterpret_cast<const int4*>(b.src), reinterpret_cast<int4*>(b.recv.peer(peer) + remoteBytes * me),
           reinterpret_cast<int4*>(b.local), remoteRows, localRows, static_cast<int>(rowBytes / 16), remoteBlocks,
           predicated);
       TEST_CUDA_CHECK(cudaGetLastError());

@@ -4,6 +4,7 @@
 //   unifab-bench coll [...]      NCCL collectives, one process per GPU, over unifab or NCCL's nets
 //   unifab-bench ep   [...]      expert-parallel dispatch/combine, one process per GPU
 //   unifab-bench pp   [...]      pipeline send/recv between two GPUs
+//   unifab-bench engram [...]    Engram row fetches from the peer GPU
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -16,7 +17,7 @@ namespace {
 
 void usage() {
   printf(
-      "usage: unifab-bench [net|coll|ep|pp] [options]\n"
+      "usage: unifab-bench [net|coll|ep|pp|engram] [options]\n"
       "  (no command: ep over all local GPUs, or net where there is no GPU)\n"
       "  net   --min BYTES --max BYTES --window N --seconds S\n"
       "        bandwidth and latency of the ncclNet table over loopback (two comms, two threads)\n"
@@ -30,7 +31,9 @@ void usage() {
       "  ep    --mode ll --tokens LIST --hidden H --topk K --experts E --dtype fp8|bf16 --sms N --iters N\n"
       "        low-latency dispatch and combine, phases apart, with NCCL's send/recv\n"
       "  pp    --min BYTES --max BYTES --factor F --chunk BYTES --inflight N --iters N [--csv FILE]\n"
-      "        pipeline send/recv rank 0 -> 1 (no SM), with ncclSend/ncclRecv and the copy engine\n");
+      "        pipeline send/recv rank 0 -> 1 (no SM), with ncclSend/ncclRecv and the copy engine\n"
+      "  engram --rows LIST --fetch BYTES --iters N [--csv FILE]\n"
+      "        Engram fetches of random peer rows per engine and SM count, against a plain gather kernel\n");
 }
 
 }  // namespace
@@ -57,6 +60,10 @@ int main(int argc, char** argv) {
   if (command == "coll") {
     unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
     return unifab::bench::runColl(args, argv[0]);
+  }
+  if (command == "engram") {
+    unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
+    return unifab::bench::runEngram(args, argv[0]);
   }
   if (command == "pp") {
     unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);

@@ -1,0 +1,171 @@
+// unifab-bench engram: Engram fetches of random rows held by the other rank (peer -> local), for
+// several row sizes, with each engine (the gather kernel on 1, 2 and 4 SMs; the copy engine with
+// no SM) against a plain gather kernel (a warp per row, one vector at a time) on the same SMs.
+// Time: CUDA events around issue + wait on the caller's stream after an L2 flush and a barrier,
+// median over --iters, the slower rank; GB/s = fetched row bytes / time.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/bench/bench_common.h"
+#include "tests/bench/ep_timing.h"
+#include "tests/bench/peer_buffer.h"
+#include "tests/bench/plain_gather.h"
+#include "tests/common/nccl_session.h"
+#include "tests/common/test_util.h"
+#include "unifab/unifab.h"
+
+namespace unifab::bench {
+namespace {
+
+struct EngramRun {
+  std::vector<size_t> rowSizes;
+  size_t fetchBytes;  // bytes per fetch: rows = fetchBytes / row size
+  int iters, warmup;
+  std::string csv;
+};
+
+struct EngramRow {
+  size_t rowBytes;
+  std::string engine;
+  int sms;
+  size_t rows;
+  double us;
+};
+
+bool runEngramRank(const EngramRun& run, const test::RankEnvironment& env) {
+  test::NcclSession session;
+  if (!session.init(env)) return false;
+  if (env.nRanks != 2) {
+    fprintf(stderr, "unifab-bench engram: needs 2 ranks (got %d)\n", env.nRanks);
+    return false;
+  }
+  Timer timer;
+  TEST_CUDA_CHECK(cudaEventCreate(&timer.start));
+  TEST_CUDA_CHECK(cudaEventCreate(&timer.stop));
+  TEST_CUDA_CHECK(cudaMalloc(&timer.flush, timer.flushBytes));
+  const int peer = 1 - env.rank;
+  std::vector<EngramRow> results;
+  for (size_t rowBytes : run.rowSizes) {
+    const size_t rows = std::max<size_t>(run.fetchBytes / rowBytes, 1);
+    const int64_t rowsPerRank = static_cast<int64_t>(std::max<size_t>(4 * rows, (size_t{512} << 20) / rowBytes));
+    unifabEngramConfig_t config = UNIFAB_ENGRAM_CONFIG_INIT;
+    config.rowBytes = rowBytes;
+    config.rowsPerRank = rowsPerRank;
+    unifabEngramTable_t table = nullptr;
+    if (unifabEngramCreate(session.comm(), &config, &table) != unifabSuccess) {
+      fprintf(stderr, "rank %d: %s\n", env.rank, unifabGetLastError());
+      return false;
+    }
+    // The same rows in a plain IPC buffer for the baseline kernel.
+    PeerBuffer plain;
+    if (!plain.open(session, static_cast<size_t>(rowsPerRank) * rowBytes)) return false;
+    // Random rows of the peer: global ids for Engram, the peer's row index for the baseline.
+    std::mt19937_64 random(4711 + env.rank);
+    std::vector<int64_t> global(rows), local(rows);
+    for (size_t i = 0; i < rows; ++i) {
+      local[i] = static_cast<int64_t>(random() % static_cast<uint64_t>(rowsPerRank));
+      global[i] = static_cast<int64_t>(peer) * rowsPerRank + local[i];
+    }
+    int64_t *deviceGlobal = nullptr, *deviceLocal = nullptr;
+    void* out = nullptr;
+    TEST_CUDA_CHECK(cudaMalloc(&deviceGlobal, sizeof(int64_t) * rows));
+    TEST_CUDA_CHECK(cudaMalloc(&deviceLocal, sizeof(int64_t) * rows));
+    TEST_CUDA_CHECK(cudaMalloc(&out, rows * rowBytes));
+    TEST_CUDA_CHECK(cudaMemcpy(deviceGlobal, global.data(), sizeof(int64_t) * rows, cudaMemcpyHostToDevice));
+    TEST_CUDA_CHECK(cudaMemcpy(deviceLocal, local.data(), sizeof(int64_t) * rows, cudaMemcpyHostToDevice));
+    auto fetch = [&](unifabEngramEngine_t engine, int sms) {
+      return [&, engine, sms] {
+        unifabEngramFetchArgs_t args = UNIFAB_ENGRAM_FETCH_ARGS_INIT;
+        const bool copyEngine = engine == unifabEngramCopyEngine;
+        args.rowIds = copyEngine ? static_cast<const void*>(global.data()) : static_cast<const void*>(deviceGlobal);
+        args.hostRowIds = copyEngine ? 1 : 0;
+        args.numRows = rows;
+        args.out = out;
+        args.engine = engine;
+        args.maxSms = sms;
+        unifabEngramFetch_t f = nullptr;
+        return unifabEngramFetchIssue(table, &args, session.stream(), &f) == unifabSuccess &&
+               unifabEngramWait(f, session.stream(), nullptr) == unifabSuccess;
+      };
+    };
+    auto plainGather = [&](int sms) {
+      return [&, sms] {
+        return launchPlainGather(plain.peer(peer), deviceLocal, static_cast<int64_t>(rows),
+                                 static_cast<int64_t>(rowBytes), static_cast<char*>(out), sms,
+                                 session.stream()) == cudaSuccess;
+      };
+    };
+    OpTimes t;
+    for (int sms : {1, 2, 4}) {
+      if (!timeOp(session, timer, run.iters, run.warmup, fetch(unifabEngramSmGather, sms), &t)) return false;
+      results.push_back({rowBytes, "gather kernel", sms, rows, t.us});
+      if (!timeOp(session, timer, run.iters, run.warmup, plainGather(sms), &t)) return false;
+      results.push_back({rowBytes, "plain gather (baseline)", sms, rows, t.us});
+    }
+    if (!timeOp(session, timer, run.iters, run.warmup, fetch(unifabEngramCopyEngine, 0), &t)) return false;
+    results.push_back({rowBytes, "copy engine", 0, rows, t.us});
+    if (unifabEngramGetAsyncError(table) != unifabSuccess) {
+      fprintf(stderr, "rank %d: %s\n", env.rank, unifabGetLastError());
+      return false;
+    }
+    cudaFree(deviceGlobal);
+    cudaFree(deviceLocal);
+    cudaFree(out);
+    if (!session.barrier(true)) return false;
+    if (unifabEngramDestroy(table) != unifabSuccess) return false;
+  }
+  if (env.rank == 0) {
+    printf("# unifab-bench engram: random rows of the peer GPU; median of %d after %d warm-up, L2 flushed, slower "
+           "rank; GB/s = 1e9 B/s of rows fetched\n", run.iters, run.warmup);
+    printf("# %9s %-26s %4s %8s %10s %10s %10s\n", "row B", "engine", "SMs", "rows", "time(us)", "Mrows/s", "GB/s");
+    for (const EngramRow& r : results) {
+      printf("  %9zu %-26s %4d %8zu %10.1f %10.2f %10.1f\n", r.rowBytes, r.engine.c_str(), r.sms, r.rows, r.us,
+             r.rows / r.us, static_cast<double>(r.rows) * r.rowBytes / (r.us * 1e3));
+    }
+    if (!run.csv.empty()) {
+      FILE* f = fopen(run.csv.c_str(), "w");
+      if (f != nullptr) {
+        fprintf(f, "row_bytes,engine,sms,rows,time_us,mrows_per_s,gbs\n");
+        for (const EngramRow& r : results) {
+          fprintf(f, "%zu,%s,%d,%zu,%.2f,%.3f,%.2f\n", r.rowBytes, r.engine.c_str(), r.sms, r.rows, r.us, r.rows / r.us,
+                  static_cast<double>(r.rows) * r.rowBytes / (r.us * 1e3));
+        }
+        fclose(f);
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int runEngram(Args& args, const char* self) {
+  EngramRun run;
+  std::stringstream list(args.value("--rows", "256,1K,4K,14K,64K"));
+  for (std::string item; std::getline(list, item, ',');) run.rowSizes.push_back(parseBytes(item));
+  run.fetchBytes = parseBytes(args.value("--fetch", "64M"));
+  run.iters = atoi(args.value("--iters", "20").c_str());
+  run.warmup = atoi(args.value("--warmup", "3").c_str());
+  run.csv = args.value("--csv", "");
+  if (!args.leftovers().empty()) {
+    fprintf(stderr, "unifab-bench engram: unknown argument '%s'\n", args.leftovers()[0].c_str());
+    return 2;
+  }
+  for (size_t r : run.rowSizes) {
+    if (r < 16 || r % 16 != 0) {
+      fprintf(stderr, "unifab-bench engram: row sizes are multiples of 16 (got %zu)\n", r);
+      return 2;
+    }
+  }
+  test::RankEnvironment env = test::rankEnvironment();
+  if (env.launched) return runEngramRank(run, env) ? 0 : 1;
+  return relaunchPerGpu(self, "engram", args, 2, {});
+}
+
+}  // namespace unifab::bench
