@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Adds unifab's perf tests (pp_sendrecv_perf, engram_read_perf) to an nccl-tests checkout of the
-# pinned version and, with --build, builds nccl-tests with them:
+# Adds unifab's perf tests (moe_dispatch_perf, moe_combine_perf, engram_read_perf, pp_sendrecv_perf)
+# to an nccl-tests checkout of the pinned version and, with --build, builds nccl-tests with them:
 #   nccl-tests-patches/apply.sh PATH_TO_NCCL_TESTS [--build]
 # --build needs UNIFAB_HOME (an installed unifab: cmake --install BUILD --prefix DIR) and
 # NCCL_HOME / CUDA_HOME as nccl-tests' Makefile uses them.

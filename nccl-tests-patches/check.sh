@@ -19,8 +19,8 @@ git -C "$NCCL_TESTS_SRC" archive HEAD | (mkdir -p "$work/tree" && tar -x -C "$wo
 "$here/apply.sh" "$work/tree" >/dev/null
 gencode="-gencode=arch=compute_90,code=sm_90"
 make -C "$work/tree/src" -j"$(nproc)" UNIFAB_HOME="$UNIFAB_HOME" ${NCCL_HOME:+NCCL_HOME="$NCCL_HOME"} \
-  NVCC_GENCODE="$gencode" BUILDDIR="$work/make" "$work/make/pp_sendrecv_perf" "$work/make/engram_read_perf" >/dev/null
+  NVCC_GENCODE="$gencode" BUILDDIR="$work/make" "$work/make/moe_dispatch_perf" "$work/make/moe_combine_perf" "$work/make/engram_read_perf" "$work/make/pp_sendrecv_perf" >/dev/null
 cmake -S "$work/tree" -B "$work/cmake" -DUNIFAB_HOME="$UNIFAB_HOME" -DCMAKE_CUDA_ARCHITECTURES=90 \
   ${NCCL_HOME:+-DNCCL_HOME="$NCCL_HOME"} >/dev/null
-cmake --build "$work/cmake" -j"$(nproc)" --target pp_sendrecv_perf engram_read_perf >/dev/null
+cmake --build "$work/cmake" -j"$(nproc)" --target moe_dispatch_perf moe_combine_perf engram_read_perf pp_sendrecv_perf >/dev/null
 echo "nccl-tests patches: apply to $(grep -o '"[0-9.]*"' "$work/tree/src/common.h" | head -1) and build with make and CMake"

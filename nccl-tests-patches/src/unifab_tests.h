@@ -9,6 +9,7 @@
 #ifndef UNIFAB_NCCL_TESTS_H_
 #define UNIFAB_NCCL_TESTS_H_
 
+#include <algorithm>
 #include <mutex>
 #include <map>
 #include <stdio.h>
@@ -60,6 +61,127 @@ static inline testResult_t unifabTestOneGpuPerThread(struct threadArgs* args) {
     printf("unifab tests need one GPU per thread or process (-g 1 with -t N, or MPI); got -g %d\n", args->nGpus);
     return testInvalidUsage;
   }
+  return testSuccess;
+}
+
+/* ---- expert parallelism, shared by moe_dispatch_perf and moe_combine_perf ------------------ */
+
+#include <random>
+#include <vector>
+
+/* The group of one communicator and the routing of its tokens. Routing: UNIFAB_EP_ROUTING=0
+ * draws top-k distinct experts per token uniformly (the standard benchmark); 1 sends every token
+ * to top-k experts of rank + 1 only, so that dispatch moves rank - 1's tokens here in order and
+ * combine with identity experts returns every token unchanged: what -c can check. */
+struct UnifabEpState {
+  unifabEpGroup_t group;
+  int hidden, topk, experts, maxTokens;
+  bool fp8, lowLatency, shift;
+  int64_t* topkIdx;     /* device [maxTokens][topk] */
+  float* topkWeights;   /* device [maxTokens][topk], all 1 */
+  float* scales;        /* device [maxTokens][hidden/128] (high-throughput FP8 input) */
+  double ranksPerToken; /* average destination ranks of a token: received rows per input row */
+};
+
+static UnifabPerComm<UnifabEpState> unifabEpStates;
+static size_t unifabEpMaxBytes = 0;  /* the run's largest size, set by runTest */
+
+static inline size_t unifabEpBytesPerToken(const UnifabEpState* s) {
+  return (size_t)s->hidden * (s->fp8 && !s->lowLatency ? 1 : 2);
+}
+
+static inline testResult_t unifabEpState(ncclComm_t comm, UnifabEpState** out) {
+  UnifabEpState* s = unifabEpStates.find(comm);
+  if (s != NULL) {
+    *out = s;
+    return testSuccess;
+  }
+  s = new UnifabEpState();
+  s->hidden = (int)unifabTestParam("UNIFAB_EP_HIDDEN", 7168);
+  s->topk = (int)unifabTestParam("UNIFAB_EP_TOPK", 8);
+  s->experts = (int)unifabTestParam("UNIFAB_EP_EXPERTS", 256);
+  s->fp8 = unifabTestParam("UNIFAB_EP_FP8", 0) != 0;
+  s->lowLatency = unifabTestParam("UNIFAB_EP_MODE", 0) == 1;
+  s->shift = unifabTestParam("UNIFAB_EP_ROUTING", 0) == 1;
+  s->maxTokens = (int)std::max<size_t>(unifabEpMaxBytes / unifabEpBytesPerToken(s), 1);
+  int nRanks, rank;
+  NCCLCHECK(ncclCommCount(comm, &nRanks));
+  NCCLCHECK(ncclCommUserRank(comm, &rank));
+  unifabEpConfig_t config = UNIFAB_EP_CONFIG_INIT;
+  config.mode = s->lowLatency ? unifabEpLowLatency : unifabEpHighThroughput;
+  config.numExperts = s->experts;
+  config.maxTokensPerRank = s->maxTokens;
+  config.hidden = s->hidden;
+  config.topk = s->topk;
+  UNIFABCHECK(unifabEpCreate(comm, &config, &s->group));
+  const int local = s->experts / nRanks;
+  std::vector<int64_t> ids((size_t)s->maxTokens * s->topk);
+  std::mt19937_64 random(777 + rank);
+  for (int t = 0; t < s->maxTokens; ++t) {
+    for (int k = 0; k < s->topk; ++k) {
+      int64_t e;
+      bool taken;
+      do {
+        e = s->shift ? (int64_t)((rank + 1) % nRanks) * local + (int64_t)(random() % (uint64_t)local)
+                     : (int64_t)(random() % (uint64_t)s->experts);
+        taken = false;
+        for (int q = 0; q < k; ++q) taken = taken || ids[(size_t)t * s->topk + q] == e;
+      } while (taken && s->topk <= (s->shift ? local : s->experts));
+      ids[(size_t)t * s->topk + k] = e;
+    }
+  }
+  long long destinations = 0;
+  for (int t = 0; t < s->maxTokens; ++t) {
+    uint64_t mask = 0;
+    for (int k = 0; k < s->topk; ++k) mask |= 1ULL << (ids[(size_t)t * s->topk + k] / local);
+    destinations += __builtin_popcountll(mask);
+  }
+  s->ranksPerToken = (double)destinations / s->maxTokens;
+  std::vector<float> ones((size_t)s->maxTokens * s->topk, 1.0f);
+  std::vector<float> scales((size_t)s->maxTokens * (s->hidden / 128), 1.0f);
+  CUDACHECK(cudaMalloc(&s->topkIdx, sizeof(int64_t) * ids.size()));
+  CUDACHECK(cudaMalloc(&s->topkWeights, sizeof(float) * ones.size()));
+  CUDACHECK(cudaMalloc(&s->scales, sizeof(float) * scales.size()));
+  CUDACHECK(cudaMemcpy(s->topkIdx, ids.data(), sizeof(int64_t) * ids.size(), cudaMemcpyHostToDevice));
+  CUDACHECK(cudaMemcpy(s->topkWeights, ones.data(), sizeof(float) * ones.size(), cudaMemcpyHostToDevice));
+  CUDACHECK(cudaMemcpy(s->scales, scales.data(), sizeof(float) * scales.size(), cudaMemcpyHostToDevice));
+  unifabEpStates.put(comm, s);
+  *out = s;
+  return testSuccess;
+}
+
+/* Tokens of a `bytes`-byte input (whole tokens, at most the group's maximum). */
+static inline int unifabEpTokens(const UnifabEpState* s, size_t bytes) {
+  return (int)std::min<size_t>(bytes / unifabEpBytesPerToken(s), (size_t)s->maxTokens);
+}
+
+/* One dispatch of `tokens` tokens of `x`; *handle receives the routing handle (the previous one,
+ * if any, is released), *result where the rows are. */
+static inline testResult_t unifabEpDispatchOnce(UnifabEpState* s, const void* x, int tokens, cudaStream_t stream,
+                                                unifabEpHandle_t* handle, unifabEpDispatchResult_t* result,
+                                                unifabEpLowLatencyDispatchResult_t* llResult) {
+  if (*handle != NULL) UNIFABCHECK(unifabEpHandleDestroy(*handle));
+  *handle = NULL;
+  if (s->lowLatency) {
+    unifabEpLowLatencyDispatchArgs_t a = UNIFAB_EP_LL_DISPATCH_ARGS_INIT;
+    a.numTokens = tokens;
+    a.x = x;
+    a.topkIdx = s->topkIdx;
+    a.topkWeights = s->topkWeights;
+    a.dtype = s->fp8 ? unifabEpFp8E4M3 : unifabEpBf16;
+    llResult->size = sizeof(*llResult);
+    UNIFABCHECK(unifabEpLowLatencyDispatch(s->group, &a, stream, handle, llResult));
+    return testSuccess;
+  }
+  unifabEpDispatchArgs_t a = UNIFAB_EP_DISPATCH_ARGS_INIT;
+  a.numTokens = tokens;
+  a.dtype = s->fp8 ? unifabEpFp8E4M3 : unifabEpBf16;
+  a.x = x;
+  a.scales = s->scales;
+  a.topkIdx = s->topkIdx;
+  a.topkWeights = s->topkWeights;
+  result->size = sizeof(*result);
+  UNIFABCHECK(unifabEpDispatch(s->group, &a, stream, handle, result));
   return testSuccess;
 }
 

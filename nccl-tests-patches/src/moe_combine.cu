@@ -1,0 +1,136 @@
+/*
+ * moe_combine_perf: unifab's MoE combine on the test's communicator, with identity experts (each
+ * expert's output row is the row it received, BF16). The size is this rank's tokens, BF16:
+ * size / (hidden x 2) tokens. High-throughput mode: each call is one combine of the latest
+ * dispatch of that size (the first call at a new size dispatches first, and that dispatch is part
+ * of its time: use enough iterations, -n, for it not to matter). Low-latency mode: each call is a
+ * dispatch and its combine (a combine completes one dispatch only). algbw counts the output
+ * bytes; busbw every row sent back, own rank included (algbw x the routing's ranks per token).
+ * -c: with UNIFAB_EP_ROUTING=1 in the high-throughput mode every token comes back unchanged and
+ * is checked; not checked otherwise. Environment as moe_dispatch_perf (BF16 only).
+ */
+#include "cuda_runtime.h"
+#include "common.h"
+#include "unifab_tests.h"
+
+namespace {
+
+struct CombineCalls {
+  unifabEpHandle_t handle = NULL;
+  int tokens = -1;              // of the dispatch `handle` holds
+  const void* expertOutput = NULL;
+  const void* input = NULL;
+};
+UnifabPerComm<CombineCalls> combineCalls;
+double combineRanksPerToken = 1.0;
+
+bool checking(const UnifabEpState* s) { return s->shift && !s->lowLatency; }
+
+testResult_t dispatchFor(UnifabEpState* s, CombineCalls* calls, const void* x, int tokens, cudaStream_t stream) {
+  unifabEpDispatchResult_t result;
+  unifabEpLowLatencyDispatchResult_t llResult;
+  TESTCHECK(unifabEpDispatchOnce(s, x, tokens, stream, &calls->handle, &result, &llResult));
+  calls->expertOutput = s->lowLatency ? llResult.recvX : result.recvX;
+  calls->tokens = tokens;
+  calls->input = x;
+  return testSuccess;
+}
+
+}  // namespace
+
+void CombineGetCollByteCount(size_t* sendcount, size_t* recvcount, size_t* paramcount, size_t* sendInplaceOffset,
+                             size_t* recvInplaceOffset, size_t count, size_t eltSize, int nranks) {
+  *sendcount = count;
+  *recvcount = count;
+  *sendInplaceOffset = 0;
+  *recvInplaceOffset = 0;
+  *paramcount = count;
+}
+
+testResult_t CombineInitData(struct threadArgs* args, ncclDataType_t type, ncclRedOp_t op, int root, int rep,
+                             int in_place) {
+  size_t count = args->sendBytes / wordSize(type);
+  bool check = false;
+  for (int i = 0; i < args->nGpus; i++) {
+    CUDACHECK(cudaSetDevice(args->gpus[i]));
+    int rank = unifabTestRank(args, i);
+    UnifabEpState* s = NULL;
+    TESTCHECK(unifabEpState(args->comms[i], &s));
+    check = checking(s);
+    TESTCHECK(InitData(args->sendbuffs[i], count, rank * count, type, ncclSum, rep, 1, 0));
+    CUDACHECK(cudaMemset(args->recvbuffs[i], 0, args->expectedBytes));
+    // Identity experts and one destination rank: every token returns as it left.
+    TESTCHECK(InitData(args->expected[i], count, rank * count, type, ncclSum, rep, 1, 0));
+    const size_t kept = (size_t)unifabEpTokens(s, args->sendBytes) * unifabEpBytesPerToken(s);
+    if (kept < args->expectedBytes) CUDACHECK(cudaMemset((char*)args->expected[i] + kept, 0, args->expectedBytes - kept));
+    CombineCalls* calls = combineCalls.find(args->comms[i]);
+    if (calls != NULL) calls->tokens = -1;  // new inputs: dispatch them again
+    CUDACHECK(cudaDeviceSynchronize());
+  }
+  args->reportErrors = (check && !in_place) ? 1 : 0;
+  return testSuccess;
+}
+
+void CombineGetBw(size_t count, size_t typesize, double sec, double* algBw, double* busBw, int nranks) {
+  *algBw = (double)(count * typesize) / 1.0E9 / sec;
+  *busBw = *algBw * combineRanksPerToken;
+}
+
+testResult_t CombineRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, size_t recvoffset, size_t count,
+                            ncclDataType_t type, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream,
+                            int deviceImpl) {
+  if (deviceImpl != 0) return testNotImplemented;
+  UnifabEpState* s = NULL;
+  TESTCHECK(unifabEpState(comm, &s));
+  if (s->fp8) {
+    printf("moe_combine_perf: combine returns BF16 expert outputs: unset UNIFAB_EP_FP8\n");
+    return testInvalidUsage;
+  }
+  combineRanksPerToken = s->ranksPerToken;
+  CombineCalls* calls = combineCalls.find(comm);
+  if (calls == NULL) {
+    calls = new CombineCalls();
+    combineCalls.put(comm, calls);
+  }
+  const int tokens = unifabEpTokens(s, count * wordSize(type));
+  const void* x = (char*)sendbuff + sendoffset;
+  if (s->lowLatency || calls->tokens != tokens || calls->input != x) TESTCHECK(dispatchFor(s, calls, x, tokens, stream));
+  if (s->lowLatency) {
+    unifabEpLowLatencyCombineArgs_t a = UNIFAB_EP_LL_COMBINE_ARGS_INIT;
+    a.expertOutput = calls->expertOutput;
+    a.weighted = 0;
+    a.combinedX = (char*)recvbuff + recvoffset;
+    UNIFABCHECK(unifabEpLowLatencyCombine(s->group, calls->handle, &a, stream));
+  } else {
+    unifabEpCombineArgs_t a = UNIFAB_EP_COMBINE_ARGS_INIT;
+    a.expertOutput = calls->expertOutput;
+    a.weighted = 0;
+    a.combinedX = (char*)recvbuff + recvoffset;
+    UNIFABCHECK(unifabEpCombine(s->group, calls->handle, &a, stream));
+  }
+  return testSuccess;
+}
+
+struct testColl combineTest = {"MoeCombine", CombineGetCollByteCount, CombineInitData, CombineGetBw, CombineRunColl};
+
+void CombineGetBuffSize(size_t* sendcount, size_t* recvcount, size_t count, int nranks) {
+  size_t paramcount, sendInplaceOffset, recvInplaceOffset;
+  CombineGetCollByteCount(sendcount, recvcount, &paramcount, &sendInplaceOffset, &recvInplaceOffset, count, 1, nranks);
+}
+
+testResult_t CombineRunTest(struct threadArgs* args, int root, ncclDataType_t type, const char* typeName,
+                            ncclRedOp_t op, const char* opName) {
+  TESTCHECK(unifabTestOneGpuPerThread(args));
+  unifabEpMaxBytes = args->maxbytes;
+  args->collTest = &combineTest;
+  TESTCHECK(TimeTest(args, (int)type != -1 ? type : ncclBfloat16, (int)type != -1 ? typeName : "bfloat16",
+                     (ncclRedOp_t)0, "none", -1));
+  return testSuccess;
+}
+
+struct testEngine combineEngine = {
+  .getBuffSize = CombineGetBuffSize,
+  .runTest = CombineRunTest,
+};
+
+#pragma weak ncclTestEngine=combineEngine
