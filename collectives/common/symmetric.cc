@@ -74,6 +74,20 @@ cudaError_t readPeerBases(ncclWindow_t window, int lsaSize, size_t probeOffset, 
 
 }  // namespace
 
+Result requireCommDevice(ncclComm_t comm) {
+  if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
+  const NcclRuntime* nccl = nullptr;
+  UF_CHECK(ncclRuntime(&nccl));
+  int current = -1, commDevice = -1;
+  UF_CUDA_CHECK(cudaGetDevice(&current));
+  UF_NCCL_CHECK(nccl->commCuDevice(comm, &commDevice), comm);
+  if (current != commDevice) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "the current CUDA device is %d but the communicator's is %d", current,
+                    commDevice);
+  }
+  return unifabSuccess;
+}
+
 Result DeviceComm::acquire(ncclComm_t comm, std::shared_ptr<DeviceComm>* out) {
   if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
   std::shared_ptr<RegistryEntry> entry;

@@ -10,6 +10,11 @@
 
 namespace unifab::collectives {
 
+// The calling thread's current CUDA device is `comm`'s (unifabInvalidUsage naming both otherwise),
+// checked without any collective step: an operation's creation calls it before its first one, so
+// that a rank that fails here never leaves its peers waiting in NCCL.
+Result requireCommDevice(ncclComm_t comm);
+
 // The device communicator of one ncclComm_t (rank, size and the LSA team).
 class DeviceComm {
  public:

@@ -47,6 +47,9 @@ Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& co
   if (config.rowScales != 0 && config.rowScales != 1) {
     return UF_ERROR(unifabInvalidArgument, kExt, "config->rowScales=%d is neither 0 nor 1", config.rowScales);
   }
+  // The current device must be the communicator's before any collective step (a rank that failed
+  // between them would leave its peers waiting in NCCL).
+  UF_CHECK(unifab::collectives::requireCommDevice(comm));
   std::unique_ptr<unifabEngramTable> table(new unifabEngramTable());
   table->config_ = config;
   UF_CHECK(unifab::collectives::DeviceComm::acquire(comm, &table->comm_));

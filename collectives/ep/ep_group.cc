@@ -171,14 +171,9 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
   const unifab::collectives::NcclRuntime* nccl = nullptr;
   UF_CHECK(unifab::collectives::ncclRuntime(&nccl));
-  int nRanks = 0, commDevice = -1, current = -1;
+  int nRanks = 0;
   UF_NCCL_CHECK(nccl->commCount(comm, &nRanks), comm);
-  UF_NCCL_CHECK(nccl->commCuDevice(comm, &commDevice), comm);
-  UF_CUDA_CHECK(cudaGetDevice(&current));
-  if (current != commDevice) {
-    return UF_ERROR(unifabInvalidUsage, kExt, "the current CUDA device is %d but the communicator's is %d", current,
-                    commDevice);
-  }
+  UF_CHECK(unifab::collectives::requireCommDevice(comm));
   const bool lowLatency = config.mode == unifabEpLowLatency;
   kep::WindowLayout layout{};
   kep::LlLayout llLayout{};

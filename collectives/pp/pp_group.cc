@@ -144,6 +144,12 @@ Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t& config, un
                     config.chunksInFlight, pp::kMaxSlots, pp::kDefaultSlots);
   }
   std::unique_ptr<unifabPpGroup> group(new unifabPpGroup());
+  // What this rank can check alone comes before the collective steps: a rank that failed between
+  // them would leave its peers waiting in NCCL.
+  UF_CHECK(unifab::collectives::requireCommDevice(comm));
+  int device = -1;
+  UF_CUDA_CHECK(cudaGetDevice(&device));
+  UF_CHECK(pp::streamOps(device, &group->ops_));
   UF_CHECK(unifab::collectives::DeviceComm::acquire(comm, &group->comm_));
   const auto& dc = *group->comm_;
   group->chunkBytes_ = chunkBytes;
@@ -153,7 +159,6 @@ Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t& config, un
   group->myIndex_ = dc.lsaRank();
   group->flagsBase_ = static_cast<size_t>(group->lsaSize_) * slots * chunkBytes;
   const size_t windowBytes = group->flagsBase_ + 2 * sizeof(uint64_t) * group->lsaSize_ * slots;
-  UF_CHECK(pp::streamOps(dc.cudaDevice(), &group->ops_));
   UF_CHECK(unifab::collectives::SymmetricWindow::create(group->comm_, windowBytes, &group->window_));
   group->sentTo_.assign(group->lsaSize_, 0);
   group->receivedFrom_.assign(group->lsaSize_, 0);
