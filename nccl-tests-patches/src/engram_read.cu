@@ -57,15 +57,6 @@ testResult_t engramState(ncclComm_t comm, EngramState** out) {
 
 }  // namespace
 
-void EngramGetCollByteCount(size_t* sendcount, size_t* recvcount, size_t* paramcount, size_t* sendInplaceOffset,
-                            size_t* recvInplaceOffset, size_t count, size_t eltSize, int nranks) {
-  *sendcount = count;  // the table's rows are written from the send buffer
-  *recvcount = count;
-  *sendInplaceOffset = 0;
-  *recvInplaceOffset = 0;
-  *paramcount = count;
-}
-
 testResult_t EngramInitData(struct threadArgs* args, ncclDataType_t type, ncclRedOp_t op, int root, int rep,
                             int in_place) {
   size_t count = args->expectedBytes / wordSize(type);
@@ -81,22 +72,12 @@ testResult_t EngramInitData(struct threadArgs* args, ncclDataType_t type, ncclRe
     UNIFABCHECK(unifabEngramWrite(s->table, 0, rows, args->sendbuffs[i], NULL, args->streams[i]));
     CUDACHECK(cudaMemset(args->recvbuffs[i], 0, args->expectedBytes));
     // What rank + 1 wrote, in order; the bytes past the last whole row stay zero.
-    int peer = (rank + 1) % nranks;
-    TESTCHECK(InitData(args->expected[i], count, peer * count, type, ncclSum, rep, 1, 0));
-    const size_t fetched = (size_t)rows * s->rowBytes;
-    if (fetched < args->expectedBytes) {
-      CUDACHECK(cudaMemset((char*)args->expected[i] + fetched, 0, args->expectedBytes - fetched));
-    }
+    TESTCHECK(unifabExpectRankData(args, i, type, rep, (rank + 1) % nranks, (size_t)rows * s->rowBytes));
     CUDACHECK(cudaDeviceSynchronize());
   }
   Barrier(args);  // every table is written before anyone reads
   args->reportErrors = (in_place || unifabTestParam("UNIFAB_ENGRAM_RANDOM", 0) != 0) ? 0 : 1;
   return testSuccess;
-}
-
-void EngramGetBw(size_t count, size_t typesize, double sec, double* algBw, double* busBw, int nranks) {
-  *algBw = (double)(count * typesize) / 1.0E9 / sec;
-  *busBw = *algBw;
 }
 
 testResult_t EngramRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, size_t recvoffset, size_t count,
@@ -122,25 +103,16 @@ testResult_t EngramRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, si
   return testSuccess;
 }
 
-struct testColl engramTest = {"EngramRead", EngramGetCollByteCount, EngramInitData, EngramGetBw, EngramRunColl};
-
-void EngramGetBuffSize(size_t* sendcount, size_t* recvcount, size_t count, int nranks) {
-  size_t paramcount, sendInplaceOffset, recvInplaceOffset;
-  EngramGetCollByteCount(sendcount, recvcount, &paramcount, &sendInplaceOffset, &recvInplaceOffset, count, 1, nranks);
-}
+struct testColl engramTest = {"EngramRead", unifabSameByteCount, EngramInitData, unifabBytesPerSecond, EngramRunColl};
 
 testResult_t EngramRunTest(struct threadArgs* args, int root, ncclDataType_t type, const char* typeName,
                            ncclRedOp_t op, const char* opName) {
-  TESTCHECK(unifabTestOneGpuPerThread(args));
   g_maxBytes = args->maxbytes;
-  args->collTest = &engramTest;
-  TESTCHECK(TimeTest(args, (int)type != -1 ? type : ncclInt8, (int)type != -1 ? typeName : "int8",
-                     (ncclRedOp_t)0, "none", -1));
-  return testSuccess;
+  return unifabRunTest(args, &engramTest, type, typeName, ncclInt8, "int8");
 }
 
 struct testEngine engramEngine = {
-  .getBuffSize = EngramGetBuffSize,
+  .getBuffSize = unifabGetBuffSize,
   .runTest = EngramRunTest,
 };
 

@@ -22,8 +22,6 @@ struct CombineCalls {
   const void* input = NULL;
 };
 UnifabPerComm<CombineCalls> combineCalls;
-double combineRanksPerToken = 1.0;
-
 bool checking(const UnifabEpState* s) { return s->shift && !s->lowLatency; }
 
 testResult_t dispatchFor(UnifabEpState* s, CombineCalls* calls, const void* x, int tokens, cudaStream_t stream) {
@@ -38,15 +36,6 @@ testResult_t dispatchFor(UnifabEpState* s, CombineCalls* calls, const void* x, i
 
 }  // namespace
 
-void CombineGetCollByteCount(size_t* sendcount, size_t* recvcount, size_t* paramcount, size_t* sendInplaceOffset,
-                             size_t* recvInplaceOffset, size_t count, size_t eltSize, int nranks) {
-  *sendcount = count;
-  *recvcount = count;
-  *sendInplaceOffset = 0;
-  *recvInplaceOffset = 0;
-  *paramcount = count;
-}
-
 testResult_t CombineInitData(struct threadArgs* args, ncclDataType_t type, ncclRedOp_t op, int root, int rep,
                              int in_place) {
   size_t count = args->sendBytes / wordSize(type);
@@ -60,20 +49,14 @@ testResult_t CombineInitData(struct threadArgs* args, ncclDataType_t type, ncclR
     TESTCHECK(InitData(args->sendbuffs[i], count, rank * count, type, ncclSum, rep, 1, 0));
     CUDACHECK(cudaMemset(args->recvbuffs[i], 0, args->expectedBytes));
     // Identity experts and one destination rank: every token returns as it left.
-    TESTCHECK(InitData(args->expected[i], count, rank * count, type, ncclSum, rep, 1, 0));
-    const size_t kept = (size_t)unifabEpTokens(s, args->sendBytes) * unifabEpBytesPerToken(s);
-    if (kept < args->expectedBytes) CUDACHECK(cudaMemset((char*)args->expected[i] + kept, 0, args->expectedBytes - kept));
+    TESTCHECK(unifabExpectRankData(args, i, type, rep, rank,
+                                   (size_t)unifabEpTokens(s, args->sendBytes) * unifabEpBytesPerToken(s)));
     CombineCalls* calls = combineCalls.find(args->comms[i]);
     if (calls != NULL) calls->tokens = -1;  // new inputs: dispatch them again
     CUDACHECK(cudaDeviceSynchronize());
   }
   args->reportErrors = (check && !in_place) ? 1 : 0;
   return testSuccess;
-}
-
-void CombineGetBw(size_t count, size_t typesize, double sec, double* algBw, double* busBw, int nranks) {
-  *algBw = (double)(count * typesize) / 1.0E9 / sec;
-  *busBw = *algBw * combineRanksPerToken;
 }
 
 testResult_t CombineRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, size_t recvoffset, size_t count,
@@ -86,7 +69,7 @@ testResult_t CombineRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, s
     printf("moe_combine_perf: combine returns BF16 expert outputs: unset UNIFAB_EP_FP8\n");
     return testInvalidUsage;
   }
-  combineRanksPerToken = s->ranksPerToken;
+  unifabEpRanksPerToken = s->ranksPerToken;
   CombineCalls* calls = combineCalls.find(comm);
   if (calls == NULL) {
     calls = new CombineCalls();
@@ -111,25 +94,16 @@ testResult_t CombineRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, s
   return testSuccess;
 }
 
-struct testColl combineTest = {"MoeCombine", CombineGetCollByteCount, CombineInitData, CombineGetBw, CombineRunColl};
-
-void CombineGetBuffSize(size_t* sendcount, size_t* recvcount, size_t count, int nranks) {
-  size_t paramcount, sendInplaceOffset, recvInplaceOffset;
-  CombineGetCollByteCount(sendcount, recvcount, &paramcount, &sendInplaceOffset, &recvInplaceOffset, count, 1, nranks);
-}
+struct testColl combineTest = {"MoeCombine", unifabSameByteCount, CombineInitData, unifabEpGetBw, CombineRunColl};
 
 testResult_t CombineRunTest(struct threadArgs* args, int root, ncclDataType_t type, const char* typeName,
                             ncclRedOp_t op, const char* opName) {
-  TESTCHECK(unifabTestOneGpuPerThread(args));
   unifabEpMaxBytes = args->maxbytes;
-  args->collTest = &combineTest;
-  TESTCHECK(TimeTest(args, (int)type != -1 ? type : ncclBfloat16, (int)type != -1 ? typeName : "bfloat16",
-                     (ncclRedOp_t)0, "none", -1));
-  return testSuccess;
+  return unifabRunTest(args, &combineTest, type, typeName, ncclBfloat16, "bfloat16");
 }
 
 struct testEngine combineEngine = {
-  .getBuffSize = CombineGetBuffSize,
+  .getBuffSize = unifabGetBuffSize,
   .runTest = CombineRunTest,
 };
 

@@ -25,15 +25,6 @@ bool checking(const UnifabEpState* s) { return s->shift && !s->lowLatency; }
 
 }  // namespace
 
-void DispatchGetCollByteCount(size_t* sendcount, size_t* recvcount, size_t* paramcount, size_t* sendInplaceOffset,
-                              size_t* recvInplaceOffset, size_t count, size_t eltSize, int nranks) {
-  *sendcount = count;
-  *recvcount = count;  // what -c compares: rank - 1's tokens
-  *sendInplaceOffset = 0;
-  *recvInplaceOffset = 0;
-  *paramcount = count;
-}
-
 testResult_t DispatchInitData(struct threadArgs* args, ncclDataType_t type, ncclRedOp_t op, int root, int rep,
                               int in_place) {
   size_t count = args->sendBytes / wordSize(type);
@@ -47,22 +38,13 @@ testResult_t DispatchInitData(struct threadArgs* args, ncclDataType_t type, nccl
     check = checking(s);
     TESTCHECK(InitData(args->sendbuffs[i], count, rank * count, type, ncclSum, rep, 1, 0));
     CUDACHECK(cudaMemset(args->recvbuffs[i], 0, args->expectedBytes));
-    int peer = (rank - 1 + nranks) % nranks;
-    TESTCHECK(InitData(args->expected[i], count, peer * count, type, ncclSum, rep, 1, 0));
-    // Whole tokens only: the bytes past them are never sent.
-    const size_t sent = (size_t)unifabEpTokens(s, args->sendBytes) * unifabEpBytesPerToken(s);
-    if (sent < args->expectedBytes) CUDACHECK(cudaMemset((char*)args->expected[i] + sent, 0, args->expectedBytes - sent));
+    // Rank - 1's whole tokens: the bytes past them are never sent.
+    TESTCHECK(unifabExpectRankData(args, i, type, rep, (rank - 1 + nranks) % nranks,
+                                   (size_t)unifabEpTokens(s, args->sendBytes) * unifabEpBytesPerToken(s)));
     CUDACHECK(cudaDeviceSynchronize());
   }
   args->reportErrors = (check && !in_place) ? 1 : 0;
   return testSuccess;
-}
-
-static double dispatchRanksPerToken = 1.0;
-
-void DispatchGetBw(size_t count, size_t typesize, double sec, double* algBw, double* busBw, int nranks) {
-  *algBw = (double)(count * typesize) / 1.0E9 / sec;
-  *busBw = *algBw * dispatchRanksPerToken;
 }
 
 testResult_t DispatchRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, size_t recvoffset, size_t count,
@@ -71,7 +53,7 @@ testResult_t DispatchRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, 
   if (deviceImpl != 0) return testNotImplemented;
   UnifabEpState* s = NULL;
   TESTCHECK(unifabEpState(comm, &s));
-  dispatchRanksPerToken = s->ranksPerToken;
+  unifabEpRanksPerToken = s->ranksPerToken;
   DispatchCalls* calls = dispatchCalls.find(comm);
   if (calls == NULL) {
     calls = new DispatchCalls();
@@ -88,26 +70,17 @@ testResult_t DispatchRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, 
   return testSuccess;
 }
 
-struct testColl dispatchTest = {"MoeDispatch", DispatchGetCollByteCount, DispatchInitData, DispatchGetBw,
+struct testColl dispatchTest = {"MoeDispatch", unifabSameByteCount, DispatchInitData, unifabEpGetBw,
                                 DispatchRunColl};
-
-void DispatchGetBuffSize(size_t* sendcount, size_t* recvcount, size_t count, int nranks) {
-  size_t paramcount, sendInplaceOffset, recvInplaceOffset;
-  DispatchGetCollByteCount(sendcount, recvcount, &paramcount, &sendInplaceOffset, &recvInplaceOffset, count, 1, nranks);
-}
 
 testResult_t DispatchRunTest(struct threadArgs* args, int root, ncclDataType_t type, const char* typeName,
                              ncclRedOp_t op, const char* opName) {
-  TESTCHECK(unifabTestOneGpuPerThread(args));
   unifabEpMaxBytes = args->maxbytes;
-  args->collTest = &dispatchTest;
-  TESTCHECK(TimeTest(args, (int)type != -1 ? type : ncclInt8, (int)type != -1 ? typeName : "int8",
-                     (ncclRedOp_t)0, "none", -1));
-  return testSuccess;
+  return unifabRunTest(args, &dispatchTest, type, typeName, ncclInt8, "int8");
 }
 
 struct testEngine dispatchEngine = {
-  .getBuffSize = DispatchGetBuffSize,
+  .getBuffSize = unifabGetBuffSize,
   .runTest = DispatchRunTest,
 };
 

@@ -40,15 +40,6 @@ testResult_t ppState(ncclComm_t comm, PpState** out) {
 
 }  // namespace
 
-void PpGetCollByteCount(size_t* sendcount, size_t* recvcount, size_t* paramcount, size_t* sendInplaceOffset,
-                        size_t* recvInplaceOffset, size_t count, size_t eltSize, int nranks) {
-  *sendcount = count;
-  *recvcount = count;
-  *sendInplaceOffset = 0;
-  *recvInplaceOffset = 0;
-  *paramcount = *sendcount;
-}
-
 testResult_t PpInitData(struct threadArgs* args, ncclDataType_t type, ncclRedOp_t op, int root, int rep, int in_place) {
   size_t sendcount = args->sendBytes / wordSize(type);
   size_t recvcount = args->expectedBytes / wordSize(type);
@@ -65,11 +56,6 @@ testResult_t PpInitData(struct threadArgs* args, ncclDataType_t type, ncclRedOp_
   }
   args->reportErrors = in_place ? 0 : 1;  // in place cannot hold what is sent and received at once
   return testSuccess;
-}
-
-void PpGetBw(size_t count, size_t typesize, double sec, double* algBw, double* busBw, int nranks) {
-  *algBw = (double)(count * typesize) / 1.0E9 / sec;
-  *busBw = *algBw;
 }
 
 testResult_t PpRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, size_t recvoffset, size_t count,
@@ -97,25 +83,15 @@ testResult_t PpRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, size_t
   return testSuccess;
 }
 
-struct testColl ppTest = {"PpSendRecv", PpGetCollByteCount, PpInitData, PpGetBw, PpRunColl};
-
-void PpGetBuffSize(size_t* sendcount, size_t* recvcount, size_t count, int nranks) {
-  size_t paramcount, sendInplaceOffset, recvInplaceOffset;
-  PpGetCollByteCount(sendcount, recvcount, &paramcount, &sendInplaceOffset, &recvInplaceOffset, count, 1, nranks);
-}
+struct testColl ppTest = {"PpSendRecv", unifabSameByteCount, PpInitData, unifabBytesPerSecond, PpRunColl};
 
 testResult_t PpRunTest(struct threadArgs* args, int root, ncclDataType_t type, const char* typeName, ncclRedOp_t op,
                        const char* opName) {
-  TESTCHECK(unifabTestOneGpuPerThread(args));
-  args->collTest = &ppTest;
-  // Bytes move as they are: one type, no reduction.
-  TESTCHECK(TimeTest(args, (int)type != -1 ? type : ncclInt8, (int)type != -1 ? typeName : "int8",
-                     (ncclRedOp_t)0, "none", -1));
-  return testSuccess;
+  return unifabRunTest(args, &ppTest, type, typeName, ncclInt8, "int8");
 }
 
 struct testEngine ppEngine = {
-  .getBuffSize = PpGetBuffSize,
+  .getBuffSize = unifabGetBuffSize,
   .runTest = PpRunTest,
 };
 

@@ -56,11 +56,53 @@ static inline int unifabTestRank(struct threadArgs* args, int gpu) {
   return (args->proc * args->nThreads + args->thread) * args->nGpus + gpu;
 }
 
-static inline testResult_t unifabTestOneGpuPerThread(struct threadArgs* args) {
+/* Every unifab test sends and receives `count` elements per rank (what -c compares is the receive
+ * buffer), nothing in place. */
+static inline void unifabSameByteCount(size_t* sendcount, size_t* recvcount, size_t* paramcount,
+                                       size_t* sendInplaceOffset, size_t* recvInplaceOffset, size_t count,
+                                       size_t eltSize, int nranks) {
+  *sendcount = count;
+  *recvcount = count;
+  *sendInplaceOffset = 0;
+  *recvInplaceOffset = 0;
+  *paramcount = count;
+}
+
+static inline void unifabGetBuffSize(size_t* sendcount, size_t* recvcount, size_t count, int nranks) {
+  size_t paramcount, sendInplaceOffset, recvInplaceOffset;
+  unifabSameByteCount(sendcount, recvcount, &paramcount, &sendInplaceOffset, &recvInplaceOffset, count, 1, nranks);
+}
+
+/* Bytes moved per second, each over one link once: algbw and busbw alike (as sendrecv_perf). */
+static inline void unifabBytesPerSecond(size_t count, size_t typesize, double sec, double* algBw, double* busBw,
+                                        int nranks) {
+  *algBw = (double)(count * typesize) / 1.0E9 / sec;
+  *busBw = *algBw;
+}
+
+/* What -c expects in GPU i's receive buffer: the harness's data of rank `source` for the first
+ * `validBytes` bytes (whole rows or tokens), zeros past them (never written). */
+static inline testResult_t unifabExpectRankData(struct threadArgs* args, int i, ncclDataType_t type, int rep,
+                                                int source, size_t validBytes) {
+  const size_t count = args->expectedBytes / wordSize(type);
+  TESTCHECK(InitData(args->expected[i], count, source * count, type, ncclSum, rep, 1, 0));
+  if (validBytes < args->expectedBytes) {
+    CUDACHECK(cudaMemset((char*)args->expected[i] + validBytes, 0, args->expectedBytes - validBytes));
+  }
+  return testSuccess;
+}
+
+/* A test's runTest: one GPU per thread, then the harness's timing loop with one data type (the
+ * given one, or `fallback`) and no reduction. */
+static inline testResult_t unifabRunTest(struct threadArgs* args, struct testColl* coll, ncclDataType_t type,
+                                         const char* typeName, ncclDataType_t fallback, const char* fallbackName) {
   if (args->nGpus != 1) {
     printf("unifab tests need one GPU per thread or process (-g 1 with -t N, or MPI); got -g %d\n", args->nGpus);
     return testInvalidUsage;
   }
+  args->collTest = coll;
+  TESTCHECK(TimeTest(args, (int)type != -1 ? type : fallback, (int)type != -1 ? typeName : fallbackName,
+                     (ncclRedOp_t)0, "none", -1));
   return testSuccess;
 }
 
@@ -84,7 +126,15 @@ struct UnifabEpState {
 };
 
 static UnifabPerComm<UnifabEpState> unifabEpStates;
-static size_t unifabEpMaxBytes = 0;  /* the run's largest size, set by runTest */
+static size_t unifabEpMaxBytes = 0;         /* the run's largest size, set by runTest */
+static double unifabEpRanksPerToken = 1.0;  /* of the routing in use, set by runColl */
+
+/* algbw counts this rank's tokens; busbw every row received (dispatch) or sent back (combine),
+ * the rank's own included, as DeepEP counts them. */
+static inline void unifabEpGetBw(size_t count, size_t typesize, double sec, double* algBw, double* busBw, int nranks) {
+  *algBw = (double)(count * typesize) / 1.0E9 / sec;
+  *busBw = *algBw * unifabEpRanksPerToken;
+}
 
 static inline size_t unifabEpBytesPerToken(const UnifabEpState* s) {
   return (size_t)s->hidden * (s->fp8 && !s->lowLatency ? 1 : 2);

@@ -10,6 +10,18 @@
 #include <vector>
 
 #include "tests/common/nccl_session.h"  // TEST_CUDA_CHECK
+#include "unifab/unifab.h"
+
+// Fails the calling bool function when a unifab call fails, with unifab's own message.
+#define TEST_UNIFAB_CHECK(call)                                                                        \
+  do {                                                                                                 \
+    unifabResult_t unifab_r_ = (call);                                                                 \
+    if (unifab_r_ != unifabSuccess) {                                                                  \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,                         \
+              unifabGetErrorString(unifab_r_), unifabGetLastError());                                  \
+      return false;                                                                                    \
+    }                                                                                                  \
+  } while (0)
 
 namespace unifab::test {
 

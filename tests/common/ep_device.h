@@ -8,19 +8,9 @@
 #include <cstdio>
 #include <vector>
 
+#include "tests/common/check_tally.h"
 #include "tests/common/ep_reference.h"
 #include "unifab/unifab.h"
-
-// Fails the calling bool function when a unifab call fails, with unifab's own message.
-#define TEST_UNIFAB_CHECK(call)                                                                        \
-  do {                                                                                                 \
-    unifabResult_t unifab_r_ = (call);                                                                 \
-    if (unifab_r_ != unifabSuccess) {                                                                  \
-      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,                         \
-              unifabGetErrorString(unifab_r_), unifabGetLastError());                                  \
-      return false;                                                                                    \
-    }                                                                                                  \
-  } while (0)
 
 namespace unifab::test::ep {
 

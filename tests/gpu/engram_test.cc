@@ -24,16 +24,6 @@ using namespace unifab::test;
 
 namespace {
 
-#define TEST_ENGRAM_CHECK(call)                                                                            \
-  do {                                                                                                     \
-    unifabResult_t r_ = (call);                                                                            \
-    if (r_ != unifabSuccess) {                                                                             \
-      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call, unifabGetErrorString(r_),   \
-              unifabGetLastError());                                                                       \
-      return false;                                                                                        \
-    }                                                                                                      \
-  } while (0)
-
 // The host side of fillBytes' pattern (device_data.cu).
 uint8_t patternByte(uint64_t seed, size_t i) { return static_cast<uint8_t>(mix64(seed * 0x9e3779b97f4a7c15ULL + i)); }
 
@@ -69,7 +59,7 @@ bool writeRows(NcclSession& session, Table& t, int64_t first, int64_t count, int
     TEST_CUDA_CHECK(cudaMalloc(&scales, sizeof(float) * std::max<int64_t>(count, 1)));
     TEST_CUDA_CHECK(cudaMemcpy(scales, hostScales.data(), sizeof(float) * count, cudaMemcpyHostToDevice));
   }
-  TEST_ENGRAM_CHECK(unifabEngramWrite(t.handle, first, count, rows, scales, session.stream()));
+  TEST_UNIFAB_CHECK(unifabEngramWrite(t.handle, first, count, rows, scales, session.stream()));
   TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
   cudaFree(rows);
   cudaFree(scales);
@@ -113,10 +103,10 @@ bool fetchAndCheck(NcclSession& session, Table& t, unifabEngramEngine_t engine, 
   args.engine = engine;
   args.maxSms = maxSms;
   unifabEngramFetch_t fetch = nullptr;
-  TEST_ENGRAM_CHECK(unifabEngramFetchIssue(t.handle, &args, session.stream(), &fetch));
+  TEST_UNIFAB_CHECK(unifabEngramFetchIssue(t.handle, &args, session.stream(), &fetch));
   TEST_CUDA_CHECK(spinOnDevice(30000, session.stream()));  // the caller's work between issue and wait
   int sms = -1;
-  TEST_ENGRAM_CHECK(unifabEngramWait(fetch, session.stream(), &sms));
+  TEST_UNIFAB_CHECK(unifabEngramWait(fetch, session.stream(), &sms));
   TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
   check(unifabEngramGetAsyncError(t.handle) == unifabSuccess, what + ": no device error");
   check(copyEngine ? sms == 0 : (sms >= 1 && sms <= (maxSms ? maxSms : 4)),
@@ -156,7 +146,7 @@ bool runTable(NcclSession& session, size_t rowBytes, bool scales) {
   config.rowBytes = rowBytes;
   config.rowsPerRank = t.rows;
   config.rowScales = scales ? 1 : 0;
-  TEST_ENGRAM_CHECK(unifabEngramCreate(session.comm(), &config, &t.handle));
+  TEST_UNIFAB_CHECK(unifabEngramCreate(session.comm(), &config, &t.handle));
   if (!writeRows(session, t, 0, t.rows, 0)) return false;
   const std::string name = std::to_string(rowBytes) + " B rows" + (scales ? " with scales" : "");
   for (int round = 0; round < 3; ++round) {
@@ -197,8 +187,8 @@ bool runTable(NcclSession& session, size_t rowBytes, bool scales) {
   args.rowIds = deviceOutside;
   args.hostRowIds = 0;
   args.engine = unifabEngramSmGather;
-  TEST_ENGRAM_CHECK(unifabEngramFetchIssue(t.handle, &args, session.stream(), &fetch));
-  TEST_ENGRAM_CHECK(unifabEngramWait(fetch, session.stream(), nullptr));
+  TEST_UNIFAB_CHECK(unifabEngramFetchIssue(t.handle, &args, session.stream(), &fetch));
+  TEST_UNIFAB_CHECK(unifabEngramWait(fetch, session.stream(), nullptr));
   TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
   check(unifabEngramGetAsyncError(t.handle) == unifabInvalidArgument, name + ": the kernel reports an id outside");
   std::vector<uint8_t> zeroed(rowBytes, 1);
@@ -208,7 +198,7 @@ bool runTable(NcclSession& session, size_t rowBytes, bool scales) {
   cudaFree(outScales);
   cudaFree(deviceOutside);
   if (!session.barrier(true)) return false;
-  TEST_ENGRAM_CHECK(unifabEngramDestroy(t.handle));
+  TEST_UNIFAB_CHECK(unifabEngramDestroy(t.handle));
   return true;
 }
 

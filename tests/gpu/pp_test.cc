@@ -25,16 +25,6 @@ using namespace unifab::test;
 
 namespace {
 
-#define TEST_PP_CHECK(call)                                                                                \
-  do {                                                                                                     \
-    unifabResult_t pp_r_ = (call);                                                                         \
-    if (pp_r_ != unifabSuccess) {                                                                          \
-      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call, unifabGetErrorString(pp_r_), \
-              unifabGetLastError());                                                                       \
-      return false;                                                                                        \
-    }                                                                                                      \
-  } while (0)
-
 uint64_t patternSeed(int rank, int round, int index) {
   return (static_cast<uint64_t>(rank) << 40) ^ (static_cast<uint64_t>(round) << 20) ^ static_cast<uint64_t>(index);
 }
@@ -72,14 +62,14 @@ bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<si
     for (int i = 0; i < batch; ++i) {
       TEST_CUDA_CHECK(fillBytes(sendBuf[i], size[i], patternSeed(me, round, i), streams.send));
       if (random() % 3 == 0) TEST_CUDA_CHECK(spinOnDevice(20000 + random() % 200000, streams.send));
-      TEST_PP_CHECK(unifabPpSend(group, sendBuf[i], size[i], next, streams.send));
+      TEST_UNIFAB_CHECK(unifabPpSend(group, sendBuf[i], size[i], next, streams.send));
       cudaStream_t r = streams.recv[i % 2];
       // Poison: the complement of the first expected byte, everywhere.
       const uint64_t expected = patternSeed(prev, round, i);
       const int poison = static_cast<uint8_t>(~mix64(expected * 0x9e3779b97f4a7c15ULL));
       TEST_CUDA_CHECK(cudaMemsetAsync(recvBuf[i], poison, size[i], r));
       if (random() % 3 == 0) TEST_CUDA_CHECK(spinOnDevice(20000 + random() % 200000, r));
-      TEST_PP_CHECK(unifabPpRecv(group, recvBuf[i], size[i], prev, r));
+      TEST_UNIFAB_CHECK(unifabPpRecv(group, recvBuf[i], size[i], prev, r));
     }
     // Out of order: the later stream first.
     TEST_CUDA_CHECK(cudaStreamSynchronize(streams.recv[1]));
