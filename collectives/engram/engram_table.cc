@@ -18,7 +18,6 @@ namespace unifab::collectives::engram {
 namespace {
 
 constexpr size_t kMaxRowBytes = size_t{1} << 20;
-constexpr size_t kCopyEngineMinRowBytes = size_t{32} << 10;  // below, a copy's fixed cost dominates
 constexpr int kDefaultGatherSms = 4;
 constexpr size_t kMaxBatch = 4096;  // copies per cudaMemcpyBatchAsync call
 
@@ -61,7 +60,8 @@ Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& co
   const size_t rowsBytes = static_cast<size_t>(config.rowsPerRank) * config.rowBytes;
   table->scalesOffset_ = rowsBytes;
   const size_t windowBytes = rowsBytes + (config.rowScales ? sizeof(float) * static_cast<size_t>(config.rowsPerRank) : 0);
-  UF_CHECK(unifab::collectives::SymmetricWindow::create(table->comm_, windowBytes, &table->window_));
+  // This rank's own resources first: a failure after the collective window creation would leave
+  // the peers alone in its collective teardown.
   unifab::collectives::DeviceGuard guard(dc.cudaDevice());
   UF_CUDA_CHECK(cudaStreamCreateWithFlags(&table->stream_, cudaStreamNonBlocking));
   UF_CUDA_CHECK(cudaMalloc(&table->deviceMemory_, sizeof(int)));
@@ -69,6 +69,7 @@ Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& co
   UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&table->hostError_), sizeof(int), cudaHostAllocMapped));
   *table->hostError_ = 0;
   UF_CUDA_CHECK(cudaDeviceGetAttribute(&table->deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
+  UF_CHECK(unifab::collectives::SymmetricWindow::create(table->comm_, windowBytes, &table->window_));
   ken::TableView& v = table->view_;
   v.firstRank = dc.rank() - dc.lsaRank();
   v.peers = dc.lsaSize();
@@ -158,7 +159,12 @@ Result unifabEngramTable::validate(const unifabEngramFetchArgs_t& a, cudaStream_
   int device = comm_->cudaDevice();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   UF_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture == cudaStreamCaptureStatusNone) UF_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+  if (capture != cudaStreamCaptureStatusNone) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "Engram fetches cannot be captured in a CUDA graph yet: they run on the table's own stream, which "
+                    "other fetches share");
+  }
+  UF_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
   if (device != comm_->cudaDevice()) {
     return UF_ERROR(unifabInvalidArgument, kExt, "stream belongs to CUDA device %d, the table to device %d", device,
                     comm_->cudaDevice());
@@ -226,10 +232,9 @@ Result unifabEngramTable::issue(const unifabEngramFetchArgs_t& a, cudaStream_t s
   UF_CHECK(asyncError());
   UF_CHECK(validate(a, stream));
   unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
-  const bool copyEngine = a.engine == unifabEngramCopyEngine ||
-                          (a.engine == unifabEngramAuto && a.hostRowIds != 0 &&
-                           config_.rowBytes >= engram::kCopyEngineMinRowBytes);
-  // The gather kernel reads device ids; host ids are staged by the caller's choice of engine.
+  // The gather kernel reads the ids on the device, the copy engine on the host: the automatic
+  // choice follows where the ids are.
+  const bool copyEngine = a.engine == unifabEngramCopyEngine || (a.engine == unifabEngramAuto && a.hostRowIds != 0);
   if (!copyEngine && a.hostRowIds != 0) {
     return UF_ERROR(unifabInvalidArgument, kExt,
                     "hostRowIds=1 with the gather kernel: pass the ids in device memory, or choose the copy engine");

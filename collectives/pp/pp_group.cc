@@ -26,7 +26,8 @@ WaitWatchdog::WaitWatchdog(int device, int64_t timeoutMs) : device_(device), tim
 Result WaitWatchdog::start() {
   unifab::collectives::DeviceGuard guard(device_);
   UF_CUDA_CHECK(cudaStreamCreateWithFlags(&releaseStream_, cudaStreamNonBlocking));
-  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&releaseValue_), sizeof(uint64_t), cudaHostAllocDefault));
+  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&releaseValues_), sizeof(uint64_t) * kReleaseSlots,
+                              cudaHostAllocDefault));
   thread_ = std::thread([this] { run(); });
   return unifabSuccess;
 }
@@ -45,7 +46,7 @@ WaitWatchdog::~WaitWatchdog() {
   }
   for (cudaEvent_t e : spareEvents_) UF_CUDA_WARN(cudaEventDestroy(e));
   if (releaseStream_ != nullptr) UF_CUDA_WARN(cudaStreamDestroy(releaseStream_));
-  if (releaseValue_ != nullptr) UF_CUDA_WARN(cudaFreeHost(releaseValue_));
+  if (releaseValues_ != nullptr) UF_CUDA_WARN(cudaFreeHost(releaseValues_));
 }
 
 Result WaitWatchdog::takeEvent(cudaEvent_t* event) {
@@ -60,49 +61,72 @@ Result WaitWatchdog::takeEvent(cudaEvent_t* event) {
 
 Result WaitWatchdog::wait(const StreamOps& ops, cudaStream_t stream, uint64_t* flag, uint64_t value) {
   Watched w;
+  w.stream = stream;
   w.flag = flag;
   w.value = value;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     UF_CHECK(takeEvent(&w.reached));
-    UF_CHECK(takeEvent(&w.passed));
+    const Result second = takeEvent(&w.passed);
+    if (second != unifabSuccess) {
+      spareEvents_.push_back(w.reached);
+      return second;
+    }
   }
-  UF_CUDA_CHECK(cudaEventRecord(w.reached, stream));
-  UF_CHECK(ops.waitAtLeast(stream, flag, value));
-  UF_CUDA_CHECK(cudaEventRecord(w.passed, stream));
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    watched_.push_back(w);
+  Result posted = unifabSuccess;
+  cudaError_t recorded = cudaEventRecord(w.reached, stream);
+  if (recorded == cudaSuccess) posted = ops.waitAtLeast(stream, flag, value);
+  if (recorded == cudaSuccess && posted == unifabSuccess) recorded = cudaEventRecord(w.passed, stream);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (recorded != cudaSuccess || posted != unifabSuccess) {
+    spareEvents_.push_back(w.reached);
+    spareEvents_.push_back(w.passed);
+    UF_CUDA_CHECK(recorded);
+    return posted;
   }
+  watched_.push_back(w);
   changed_.notify_all();
   return unifabSuccess;
 }
 
 void WaitWatchdog::release(Watched& w) {
-  *releaseValue_ = w.value;
-  cudaError_t written = cudaMemcpyAsync(w.flag, releaseValue_, sizeof(uint64_t), cudaMemcpyHostToDevice, releaseStream_);
-  if (written == cudaSuccess) written = cudaStreamSynchronize(releaseStream_);
-  timedOut_ = true;
-  UF_WARN(kExt,
-          "pipeline send/recv: a wait for value %llu lasted more than UNIFAB_PP_TIMEOUT_MS=%lld ms (the peer did not "
-          "post its matching call); released it%s, the transfer's data is lost",
-          static_cast<unsigned long long>(w.value), static_cast<long long>(timeout_.count()),
-          written == cudaSuccess ? "" : " (the release failed too)");
+  // Posted, not awaited: with few hardware queues the copy may sit behind the stuck stream, and
+  // the watchdog must not stop watching the others meanwhile.
+  uint64_t* value = releaseValues_ + nextRelease_;
+  nextRelease_ = (nextRelease_ + 1) % kReleaseSlots;
+  *value = w.value;
+  const cudaError_t written = cudaMemcpyAsync(w.flag, value, sizeof(uint64_t), cudaMemcpyHostToDevice, releaseStream_);
+  if (!timedOut_.exchange(true)) {
+    UF_WARN(kExt,
+            "pipeline send/recv: a wait for value %llu lasted more than UNIFAB_PP_TIMEOUT_MS=%lld ms (the peer did "
+            "not post its matching call); released it%s; the group is unusable and releases its waits from now on",
+            static_cast<unsigned long long>(w.value), static_cast<long long>(timeout_.count()),
+            written == cudaSuccess ? "" : " (the release failed too)");
+  }
 }
 
 void WaitWatchdog::run() {
-  if (cudaSetDevice(device_) != cudaSuccess) {
+  // The watchdog's event queries must not disturb a CUDA graph another thread captures.
+  cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+  if (cudaSetDevice(device_) != cudaSuccess || cudaThreadExchangeStreamCaptureMode(&relaxed) != cudaSuccess) {
     UF_WARN(kExt, "pipeline send/recv watchdog: cannot use CUDA device %d; waits are not bounded", device_);
     return;
   }
   std::unique_lock<std::mutex> lock(mutex_);
+  std::vector<cudaStream_t> notReached;
   while (!stopping_) {
     if (watched_.empty()) {
       changed_.wait(lock, [this] { return stopping_ || !watched_.empty(); });
       continue;
     }
     const auto now = std::chrono::steady_clock::now();
+    notReached.clear();
     for (auto it = watched_.begin(); it != watched_.end();) {
+      // A stream's waits are in posting order: past one it has not reached, it has reached none.
+      if (std::find(notReached.begin(), notReached.end(), it->stream) != notReached.end()) {
+        ++it;
+        continue;
+      }
       if (cudaEventQuery(it->passed) == cudaSuccess) {
         spareEvents_.push_back(it->reached);
         spareEvents_.push_back(it->passed);
@@ -113,9 +137,11 @@ void WaitWatchdog::run() {
         it->reachedSeen = true;
         it->reachedAt = now;
       }
-      if (it->reachedSeen && now - it->reachedAt > timeout_) {
+      if (!it->reachedSeen) {
+        notReached.push_back(it->stream);
+      } else if (timedOut_ || now - it->reachedAt > timeout_) {
         release(*it);
-        it->reachedAt = now;  // once more after another timeout, should the release not land
+        it->reachedAt = now + timeout_;  // once more later, should this release not land
       }
       ++it;
     }
@@ -159,11 +185,12 @@ Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t& config, un
   group->myIndex_ = dc.lsaRank();
   group->flagsBase_ = static_cast<size_t>(group->lsaSize_) * slots * chunkBytes;
   const size_t windowBytes = group->flagsBase_ + 2 * sizeof(uint64_t) * group->lsaSize_ * slots;
-  UF_CHECK(unifab::collectives::SymmetricWindow::create(group->comm_, windowBytes, &group->window_));
   group->sentTo_.assign(group->lsaSize_, 0);
   group->receivedFrom_.assign(group->lsaSize_, 0);
+  // The watchdog before the collective window creation: a rank must not fail between the two.
   group->watchdog_ = std::make_unique<pp::WaitWatchdog>(dc.cudaDevice(), unifab::params().ppTimeoutMs);
   UF_CHECK(group->watchdog_->start());
+  UF_CHECK(unifab::collectives::SymmetricWindow::create(group->comm_, windowBytes, &group->window_));
   UF_INFO(kExt, kLogInit, "PP group: rank %d, %d NVLink peers, %d slots of %zu KiB per peer (window %zu MiB)",
           dc.rank(), group->lsaSize_, slots, chunkBytes >> 10, windowBytes >> 20);
   *out = group.release();

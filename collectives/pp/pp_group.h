@@ -24,7 +24,10 @@ namespace unifab::collectives::pp {
 // the first completes when the stream reaches the wait (the clock starts then, not when the wait
 // was posted behind other work), the second when the wait is over. A wait still blocked after the
 // timeout gets its awaited value written by the watchdog, so that the stream moves on, and the
-// group records a timeout.
+// group records a timeout; from then on every reached wait is released at once (the group is
+// unusable, and a transfer of many chunks must not take a timeout per chunk). The peer is not
+// told: a sender released early may overwrite a slot its late receiver then reads, which is why
+// the group refuses every call after a timeout.
 class WaitWatchdog {
  public:
   WaitWatchdog(int device, int64_t timeoutMs);
@@ -40,11 +43,13 @@ class WaitWatchdog {
  private:
   struct Watched {
     cudaEvent_t reached = nullptr, passed = nullptr;
+    cudaStream_t stream = nullptr;
     uint64_t* flag = nullptr;
     uint64_t value = 0;
     bool reachedSeen = false;
     std::chrono::steady_clock::time_point reachedAt;
   };
+  static constexpr int kReleaseSlots = 64;  // pinned values of releases in flight
   void run();
   Result takeEvent(cudaEvent_t* event);
   void release(Watched& w);
@@ -58,7 +63,8 @@ class WaitWatchdog {
   bool stopping_ = false;
   std::atomic<bool> timedOut_{false};
   cudaStream_t releaseStream_ = nullptr;  // non-blocking: never queues behind a stuck stream
-  uint64_t* releaseValue_ = nullptr;      // pinned staging of the value written on release
+  uint64_t* releaseValues_ = nullptr;     // pinned staging of the values written on release (a ring)
+  int nextRelease_ = 0;
   std::thread thread_;
 };
 

@@ -287,7 +287,8 @@ UNIFAB_API unifabResult_t unifabPpGetAsyncError(unifabPpGroup_t group);
  * engines: the copy engine (no SM; needs the ids on the host, merges runs of adjacent ids into
  * one copy; best for large rows) and a gather kernel on a few SMs (ids on the device; best for
  * small rows). A fetch is issued on the table's own stream after the caller's stream's earlier
- * work, and joined back with unifabEngramWait, so the caller's stream runs on in between. All
+ * work, and joined back with unifabEngramWait, so the caller's stream runs on in between (and a
+ * fetch cannot be captured in a CUDA graph in this version). All
  * ranks holding rows a fetch reads must be LSA peers of the reader (one NVLink domain).
  * ============================================================================================ */
 
@@ -303,7 +304,8 @@ typedef struct {
 #define UNIFAB_ENGRAM_CONFIG_INIT {sizeof(unifabEngramConfig_t), 0, 0, 0}
 
 typedef enum {
-  unifabEngramAuto = 0,        /* copy engine for rows of 32 KiB and more with host ids, else SMs */
+  unifabEngramAuto = 0,        /* the copy engine for ids on the host, the gather kernel for ids on the
+                                  device (large rows: host ids; small rows: device ids and a few SMs) */
   unifabEngramCopyEngine = 1,  /* no SM; needs hostRowIds = 1 */
   unifabEngramSmGather = 2     /* a gather kernel on at most maxSms SMs */
 } unifabEngramEngine_t;

@@ -69,6 +69,7 @@ testResult_t EngramInitData(struct threadArgs* args, ncclDataType_t type, ncclRe
     // This rank's table: its send buffer's pattern, as many whole rows as the size holds.
     const int64_t rows = std::min<int64_t>((int64_t)(args->sendBytes / s->rowBytes), s->rowsPerRank);
     TESTCHECK(InitData(args->sendbuffs[i], count, rank * count, type, ncclSum, rep, 1, 0));
+    CUDACHECK(cudaDeviceSynchronize());  // InitData's kernel runs on another stream than the write
     UNIFABCHECK(unifabEngramWrite(s->table, 0, rows, args->sendbuffs[i], NULL, args->streams[i]));
     CUDACHECK(cudaMemset(args->recvbuffs[i], 0, args->expectedBytes));
     // What rank + 1 wrote, in order; the bytes past the last whole row stay zero.
@@ -108,7 +109,16 @@ struct testColl engramTest = {"EngramRead", unifabSameByteCount, EngramInitData,
 testResult_t EngramRunTest(struct threadArgs* args, int root, ncclDataType_t type, const char* typeName,
                            ncclRedOp_t op, const char* opName) {
   g_maxBytes = args->maxbytes;
-  return unifabRunTest(args, &engramTest, type, typeName, ncclInt8, "int8");
+  TESTCHECK(unifabRunTest(args, &engramTest, type, typeName, ncclInt8, "int8"));
+  // Collective: the table goes before the harness destroys the communicator.
+  EngramState* s = engramStates.find(args->comms[0]);
+  if (s != NULL) {
+    UNIFABCHECK(unifabEngramDestroy(s->table));
+    CUDACHECK(cudaFree(s->deviceIds));
+    engramStates.put(args->comms[0], NULL);
+    delete s;
+  }
+  return testSuccess;
 }
 
 struct testEngine engramEngine = {

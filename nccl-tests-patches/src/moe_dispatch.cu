@@ -76,7 +76,12 @@ struct testColl dispatchTest = {"MoeDispatch", unifabSameByteCount, DispatchInit
 testResult_t DispatchRunTest(struct threadArgs* args, int root, ncclDataType_t type, const char* typeName,
                              ncclRedOp_t op, const char* opName) {
   unifabEpMaxBytes = args->maxbytes;
-  return unifabRunTest(args, &dispatchTest, type, typeName, ncclInt8, "int8");
+  TESTCHECK(unifabRunTest(args, &dispatchTest, type, typeName, ncclInt8, "int8"));
+  DispatchCalls* calls = dispatchCalls.find(args->comms[0]);
+  if (calls != NULL && calls->handle != NULL) UNIFABCHECK(unifabEpHandleDestroy(calls->handle));
+  delete calls;
+  dispatchCalls.put(args->comms[0], NULL);
+  return unifabEpRelease(args->comms[0]);
 }
 
 struct testEngine dispatchEngine = {

@@ -87,7 +87,18 @@ struct testColl ppTest = {"PpSendRecv", unifabSameByteCount, PpInitData, unifabB
 
 testResult_t PpRunTest(struct threadArgs* args, int root, ncclDataType_t type, const char* typeName, ncclRedOp_t op,
                        const char* opName) {
-  return unifabRunTest(args, &ppTest, type, typeName, ncclInt8, "int8");
+  TESTCHECK(unifabRunTest(args, &ppTest, type, typeName, ncclInt8, "int8"));
+  // Collective: the group goes before the harness destroys the communicator.
+  PpState* s = ppStates.find(args->comms[0]);
+  if (s != NULL) {
+    UNIFABCHECK(unifabPpDestroy(s->group));
+    CUDACHECK(cudaStreamDestroy(s->recvStream));
+    CUDACHECK(cudaEventDestroy(s->forked));
+    CUDACHECK(cudaEventDestroy(s->received));
+    ppStates.put(args->comms[0], NULL);
+    delete s;
+  }
+  return testSuccess;
 }
 
 struct testEngine ppEngine = {

@@ -122,12 +122,13 @@ struct UnifabEpState {
   int64_t* topkIdx;     /* device [maxTokens][topk] */
   float* topkWeights;   /* device [maxTokens][topk], all 1 */
   float* scales;        /* device [maxTokens][hidden/128] (high-throughput FP8 input) */
-  double ranksPerToken; /* average destination ranks of a token: received rows per input row */
+  double ranksPerToken; /* bytes received per input byte: destination ranks per token, times the
+                           wire bytes per input byte (FP8 cast in the low-latency kernel: ~1/2) */
 };
 
 static UnifabPerComm<UnifabEpState> unifabEpStates;
 static size_t unifabEpMaxBytes = 0;         /* the run's largest size, set by runTest */
-static double unifabEpRanksPerToken = 1.0;  /* of the routing in use, set by runColl */
+static thread_local double unifabEpRanksPerToken = 1.0;  /* this rank's routing (and wire bytes), set by runColl */
 
 /* algbw counts this rank's tokens; busbw every row received (dispatch) or sent back (combine),
  * the rank's own included, as DeepEP counts them. */
@@ -154,6 +155,11 @@ static inline testResult_t unifabEpState(ncclComm_t comm, UnifabEpState** out) {
   s->lowLatency = unifabTestParam("UNIFAB_EP_MODE", 0) == 1;
   s->shift = unifabTestParam("UNIFAB_EP_ROUTING", 0) == 1;
   s->maxTokens = (int)std::max<size_t>(unifabEpMaxBytes / unifabEpBytesPerToken(s), 1);
+  if (s->lowLatency && s->maxTokens > 1024) {
+    printf("unifab EP tests: the low-latency mode takes at most 1024 tokens per rank; sizes above %zu bytes send "
+           "only their first 1024 tokens\n", (size_t)1024 * unifabEpBytesPerToken(s));
+    s->maxTokens = 1024;
+  }
   int nRanks, rank;
   NCCLCHECK(ncclCommCount(comm, &nRanks));
   NCCLCHECK(ncclCommUserRank(comm, &rank));
@@ -187,6 +193,7 @@ static inline testResult_t unifabEpState(ncclComm_t comm, UnifabEpState** out) {
     destinations += __builtin_popcountll(mask);
   }
   s->ranksPerToken = (double)destinations / s->maxTokens;
+  if (s->lowLatency && s->fp8) s->ranksPerToken *= (s->hidden + s->hidden / 128 * 4.0) / (2.0 * s->hidden);
   std::vector<float> ones((size_t)s->maxTokens * s->topk, 1.0f);
   std::vector<float> scales((size_t)s->maxTokens * (s->hidden / 128), 1.0f);
   CUDACHECK(cudaMalloc(&s->topkIdx, sizeof(int64_t) * ids.size()));
@@ -197,6 +204,20 @@ static inline testResult_t unifabEpState(ncclComm_t comm, UnifabEpState** out) {
   CUDACHECK(cudaMemcpy(s->scales, scales.data(), sizeof(float) * scales.size(), cudaMemcpyHostToDevice));
   unifabEpStates.put(comm, s);
   *out = s;
+  return testSuccess;
+}
+
+/* Collective: the group of `comm`, once the test's timing loop is over (before the harness
+ * destroys the communicator). */
+static inline testResult_t unifabEpRelease(ncclComm_t comm) {
+  UnifabEpState* s = unifabEpStates.find(comm);
+  if (s == NULL) return testSuccess;
+  UNIFABCHECK(unifabEpDestroy(s->group));
+  CUDACHECK(cudaFree(s->topkIdx));
+  CUDACHECK(cudaFree(s->topkWeights));
+  CUDACHECK(cudaFree(s->scales));
+  unifabEpStates.put(comm, NULL);
+  delete s;
   return testSuccess;
 }
 

@@ -6,6 +6,8 @@
 // and printed: that copy takes SMs the compute kernel then has to wait for.
 #include <cuda_runtime.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -54,16 +56,11 @@ struct Timing {
   }
 };
 
-}  // namespace
-
-int main() {
-  RankEnvironment env = rankEnvironment();
-  tally().rank = env.rank;
-  NcclSession session;
-  if (!session.init(env)) return 1;
+// The whole measurement; false on any failed call (each has said why).
+bool run(const RankEnvironment& env, NcclSession& session) {
   if (env.nRanks != 2) {
     fprintf(stderr, "needs 2 ranks\n");
-    return 2;
+    return false;
   }
   int device = 0, sms = 0, blocksPerSm = 0;
   TEST_CUDA_CHECK(cudaGetDevice(&device));
@@ -91,14 +88,14 @@ int main() {
   }
   // Both ranks use the same count, so that both GPUs compute for the same time.
   double shared = static_cast<double>(iterations);
-  if (!session.maxOverRanks(&shared)) return 1;
+  if (!session.maxOverRanks(&shared)) return false;
   iterations = static_cast<long long>(shared);
 
   unifabPpConfig_t config = UNIFAB_PP_CONFIG_INIT;
   unifabPpGroup_t group = nullptr;
   if (unifabPpCreate(session.comm(), &config, &group) != unifabSuccess) {
     fprintf(stderr, "rank %d: %s\n", env.rank, unifabGetLastError());
-    return 1;
+    return false;
   }
   void *data = nullptr, *copy = nullptr;
   TEST_CUDA_CHECK(cudaMalloc(&data, kTransferBytes * kTransfers));
@@ -118,13 +115,13 @@ int main() {
   };
   std::vector<double> alone(3);
   for (double& ms : alone) {
-    if (!timeCompute(&ms)) return 1;
+    if (!timeCompute(&ms)) return false;
   }
   std::sort(alone.begin(), alone.end());
   aloneMs = alone[1];
 
   // Compute next to the pipeline transfers.
-  if (!session.barrier(true)) return 1;
+  if (!session.barrier(true)) return false;
   TEST_CUDA_CHECK(cudaEventRecord(compute.start, computeStream));
   computeKernel<<<computeBlocks, kComputeThreads, 0, computeStream>>>(sink, iterations);
   TEST_CUDA_CHECK(cudaEventRecord(compute.stop, computeStream));
@@ -135,7 +132,7 @@ int main() {
                                            : unifabPpRecv(group, part, kTransferBytes, 0, copyStream);
     if (r != unifabSuccess) {
       fprintf(stderr, "rank %d: %s\n", env.rank, unifabGetLastError());
-      return 1;
+      return false;
     }
   }
   TEST_CUDA_CHECK(cudaEventRecord(transfer.stop, copyStream));
@@ -155,7 +152,7 @@ int main() {
   }
 
   // Contrast: a plain SM copy launched just before the compute kernel.
-  if (!session.barrier(true)) return 1;
+  if (!session.barrier(true)) return false;
   TEST_CUDA_CHECK(cudaEventRecord(transfer.start, copyStream));
   smCopyKernel<<<sms, 1024, 0, copyStream>>>(static_cast<const int4*>(data), static_cast<int4*>(copy),
                                              kTransferBytes * kTransfers / 16);
@@ -179,6 +176,21 @@ int main() {
   cudaFree(data);
   cudaFree(copy);
   cudaFree(sink);
-  if (unifabPpDestroy(group) != unifabSuccess) return 1;
+  return unifabPpDestroy(group) == unifabSuccess;
+}
+
+}  // namespace
+
+int main() {
+  RankEnvironment env = rankEnvironment();
+  tally().rank = env.rank;
+  NcclSession session;
+  if (!session.init(env)) return 1;
+  if (!run(env, session)) {
+    // Leave at once: the peer may wait in a collective step this rank will never reach.
+    printf("rank %d: aborted\n", env.rank);
+    fflush(stdout);
+    _exit(1);
+  }
   return finishChecks();
 }

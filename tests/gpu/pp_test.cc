@@ -6,6 +6,7 @@
 // 1 GiB with --large); a small-slot configuration makes transfers rotate through the slots many
 // times. Also: the calls the group refuses.
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -119,18 +120,39 @@ bool runRefusals(NcclSession& session, unifabPpGroup_t group) {
   return true;
 }
 
+// A send nobody receives: its stream is released by the watchdog after UNIFAB_PP_TIMEOUT_MS (the
+// ctest entry sets 2000), the group then reports the timeout and refuses further calls.
+bool runWatchdog(NcclSession& session, unifabPpGroup_t group) {
+  if (session.rank() == 0 && session.nRanks() > 1) {
+    void* data = nullptr;
+    const size_t bytes = size_t{4} << 16;  // 4 chunks through 2 slots: the third waits for a receive
+    TEST_CUDA_CHECK(cudaMalloc(&data, bytes));
+    const double start = nowSeconds();
+    TEST_UNIFAB_CHECK(unifabPpSend(group, data, bytes, 1, session.stream()));
+    TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+    const double waited = nowSeconds() - start;
+    check(waited > 1.5 && waited < 30, "the unmatched send was released after the timeout (" +
+                                           std::to_string(waited) + " s)");
+    check(unifabPpGetAsyncError(group) == unifabTimeout, "the group reports the timeout");
+    check(unifabPpSend(group, data, 16, 1, session.stream()) == unifabTimeout, "and refuses the next call");
+    cudaFree(data);
+  }
+  return session.barrier(true);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool large = false, smallSlots = false;
+  bool large = false, smallSlots = false, watchdog = false;
   int rounds = 6;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--large") large = true;            // adds 1 GiB transfers
     else if (arg == "--small-slots") smallSlots = true;  // 64 KiB x 2 slots: many rotations
+    else if (arg == "--watchdog") watchdog = true;       // an unmatched send, released by the watchdog
     else if (arg == "--rounds" && i + 1 < argc) rounds = atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: %s [--large] [--small-slots] [--rounds N]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--large] [--small-slots] [--watchdog] [--rounds N]\n", argv[0]);
       return 2;
     }
   }
@@ -139,7 +161,7 @@ int main(int argc, char** argv) {
   NcclSession session;
   if (!session.init(env)) return 1;
   unifabPpConfig_t config = UNIFAB_PP_CONFIG_INIT;
-  if (smallSlots) {
+  if (smallSlots || watchdog) {
     config.chunkBytes = 64 << 10;
     config.chunksInFlight = 2;
   }
@@ -148,12 +170,23 @@ int main(int argc, char** argv) {
     fprintf(stderr, "rank %d: unifabPpCreate failed: %s\n", env.rank, unifabGetLastError());
     return 1;
   }
-  const size_t chunk = smallSlots ? size_t{64} << 10 : size_t{8} << 20;
-  std::vector<size_t> sizes = {1, 15, 4096, (size_t{1} << 20) + 3, chunk, chunk + 1, 3 * chunk + 5, (size_t{64} << 20) + 7, 0};
-  bool ok = runRefusals(session, group) && runRounds(session, group, sizes, rounds, 4, smallSlots ? "small slots" : "default");
-  if (ok && large) ok = runRounds(session, group, {size_t{1} << 30}, 2, 1, "1 GiB");
-  if (unifabPpDestroy(group) != unifabSuccess) ok = false;
-  if (!ok) printf("rank %d: aborted\n", env.rank);
-  const int status = finishChecks();
-  return ok ? status : 1;
+  bool ok = true;
+  if (watchdog) {
+    ok = runWatchdog(session, group);
+  } else {
+    const size_t chunk = smallSlots ? size_t{64} << 10 : size_t{8} << 20;
+    std::vector<size_t> sizes = {1, 15, 4096, (size_t{1} << 20) + 3, chunk, chunk + 1, 3 * chunk + 5,
+                                 (size_t{64} << 20) + 7, 0};
+    ok = runRefusals(session, group) && runRounds(session, group, sizes, rounds, 4, smallSlots ? "small slots" : "default");
+    if (ok && large) ok = runRounds(session, group, {size_t{1} << 30}, 2, 1, "1 GiB");
+  }
+  if (!ok) {
+    // Leave at once: a peer may wait in a collective step (a barrier, the group's teardown) that
+    // this rank will not reach.
+    printf("rank %d: aborted\n", env.rank);
+    fflush(stdout);
+    _exit(1);
+  }
+  if (unifabPpDestroy(group) != unifabSuccess) return 1;
+  return finishChecks();
 }
