@@ -50,8 +50,9 @@ UNIFAB_API unifabResult_t unifabEngramWait(unifabEngramFetch_t fetch, cudaStream
     if (fetch == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "unifabEngramWait: fetch=NULL");
     std::unique_ptr<unifabEngramFetch> owned(fetch);
     if (smsUsed != nullptr) *smsUsed = owned->smsUsed;
-    UF_CUDA_CHECK(cudaStreamWaitEvent(stream, owned->done, 0));
-    UF_CUDA_CHECK(cudaEventDestroy(owned->done));
+    const cudaError_t joined = cudaStreamWaitEvent(stream, owned->done, 0);
+    UF_CUDA_CHECK(cudaEventDestroy(owned->done));  // released once the wait has used it
+    UF_CUDA_CHECK(joined);
     return unifabSuccess;
   });
 }

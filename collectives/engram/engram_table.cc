@@ -250,7 +250,15 @@ Result unifabEngramTable::issue(const unifabEngramFetchArgs_t& a, cudaStream_t s
   if (forked == cudaSuccess) forked = cudaStreamWaitEvent(stream_, after, 0);
   cudaEventDestroy(after);  // released once the wait has used it
   UF_CUDA_CHECK(forked);
-  if (a.numRows > 0) UF_CHECK(copyEngine ? copyEngineFetch(a) : gatherFetch(a, sms));
+  if (a.numRows > 0) {
+    const Result fetched = copyEngine ? copyEngineFetch(a) : gatherFetch(a, sms);
+    if (fetched != unifabSuccess) {
+      // Copies of earlier batches may be queued: the caller gets no handle to wait on, so they
+      // must be over before it may reuse `out`.
+      UF_CUDA_WARN(cudaStreamSynchronize(stream_));
+      return fetched;
+    }
+  }
   UF_CUDA_CHECK(cudaEventCreateWithFlags(&made->done, cudaEventDisableTiming));
   UF_CUDA_CHECK(cudaEventRecord(made->done, stream_));
   *fetch = made.release();
