@@ -2,7 +2,7 @@
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
 # and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
-#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [epsweep] [trace] [sanitize] [sweep]
+#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [tunesweep] [epsweep] [trace] [sanitize] [sweep]
 #   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match.
 # The machines are shared virtual machines whose loopback TCP speed changes from minute to
@@ -134,6 +134,14 @@ for step in $steps; do
     say "== unifab-bench engram, random rows of the peer GPU"
     "$bench" engram --rows 256,1K,4K,14K,64K --fetch 64M --iters 20 --csv "$logs/engram.csv" >"$logs/engram.txt" 2>&1 || failed=1
     tee -a "$summary" <"$logs/engram.txt"
+    ;;
+  tunesweep)
+    say "== unifab-bench tune-sweep: forced NCCL configurations against the tuner and NCCL's default"
+    for net in nvlink unifab; do
+      "$bench" tune-sweep --net $net --min 8 --max 256M --factor 8 --iters 10 --warmup 2 --channels 2,8,32 \
+        --out "$logs/tune-sweep-$net" >"$logs/tune-sweep-$net.txt" 2>&1 || failed=1
+      grep -E "^#|^  " "$logs/tune-sweep-$net.txt" | tee -a "$summary"
+    done
     ;;
   epsweep)
     say "== unifab-bench ep --mode ht, SM sweep (dispatch, cached dispatch, combine)"

@@ -38,5 +38,6 @@ int runColl(Args& args, const char* self);
 int runEp(Args& args, const char* self);
 int runPp(Args& args, const char* self);
 int runEngram(Args& args, const char* self);
+int runTuneSweep(Args& args, const char* self);
 
 }  // namespace unifab::bench

@@ -5,6 +5,7 @@
 //   unifab-bench ep   [...]      expert-parallel dispatch/combine, one process per GPU
 //   unifab-bench pp   [...]      pipeline send/recv between two GPUs
 //   unifab-bench engram [...]    Engram row fetches from the peer GPU
+//   unifab-bench tune-sweep [...] every NCCL algorithm x protocol x channel count against the tuner
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -17,7 +18,7 @@ namespace {
 
 void usage() {
   printf(
-      "usage: unifab-bench [net|coll|ep|pp|engram] [options]\n"
+      "usage: unifab-bench [net|coll|ep|pp|engram|tune-sweep] [options]\n"
       "  (no command: ep over all local GPUs, or net where there is no GPU)\n"
       "  net   --min BYTES --max BYTES --window N --seconds S\n"
       "        bandwidth and latency of the ncclNet table over loopback (two comms, two threads)\n"
@@ -33,7 +34,10 @@ void usage() {
       "  pp    --min BYTES --max BYTES --factor F --chunk BYTES --inflight N --iters N [--csv FILE]\n"
       "        pipeline send/recv rank 0 -> 1 (no SM), with ncclSend/ncclRecv and the copy engine\n"
       "  engram --rows LIST --fetch BYTES --iters N [--csv FILE]\n"
-      "        Engram fetches of random peer rows per engine and SM count, against a plain gather kernel\n");
+      "        Engram fetches of random peer rows per engine and SM count, against a plain gather kernel\n"
+      "  tune-sweep --ops LIST --channels LIST --protocols LIST --min B --max B --factor F --iters N\n"
+      "        --net nvlink|unifab --out DIR: every forced NCCL configuration, NCCL's default and\n"
+      "        unifab's tuner; per size the best configuration and both gaps (DIR/summary.csv)\n");
 }
 
 }  // namespace
@@ -60,6 +64,10 @@ int main(int argc, char** argv) {
   if (command == "coll") {
     unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
     return unifab::bench::runColl(args, argv[0]);
+  }
+  if (command == "tune-sweep") {
+    unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
+    return unifab::bench::runTuneSweep(args, argv[0]);
   }
   if (command == "engram") {
     unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);

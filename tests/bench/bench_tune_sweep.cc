@@ -1,0 +1,183 @@
+// unifab-bench tune-sweep: every algorithm x protocol x channel count NCCL accepts for a
+// collective, forced one at a time (NCCL_ALGO, NCCL_PROTO, NCCL_MIN/MAX_NCHANNELS, no tuner
+// plugin), next to NCCL's default choice and unifab's tuner, each a run of `unifab-bench coll`
+// over all local GPUs. Writes one CSV per configuration and a summary: per size, the best forced
+// configuration, and how far unifab's tuner and NCCL's default are from it.
+#include <cuda_runtime.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/bench/bench_common.h"
+#include "tests/common/rank_launcher.h"
+
+namespace unifab::bench {
+namespace {
+
+struct Config {
+  std::string label;                     // file-name safe
+  std::vector<std::string> environment;  // NAME=VALUE
+  bool forced;                           // one of the swept configurations
+};
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream list(text);
+  for (std::string item; std::getline(list, item, ',');) {
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
+
+// The algorithms NCCL can run for `op` without NVLink SHARP or CollNet (both unavailable here).
+std::vector<std::string> algorithmsFor(const std::string& op) {
+  if (op == "all_reduce") return {"Ring", "Tree"};
+  return {"Ring", "PAT"};  // PAT only where NCCL accepts it (one GPU per node): a refused run is skipped
+}
+
+// time_us per size from a `coll` CSV (bytes -> microseconds); empty when the run failed.
+std::map<size_t, double> readTimes(const std::string& path) {
+  std::map<size_t, double> times;
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    std::vector<std::string> fields;
+    std::stringstream row(line);
+    for (std::string field; std::getline(row, field, ',');) fields.push_back(field);
+    if (fields.size() < 9 || std::strtoull(fields[8].c_str(), nullptr, 10) != 0) continue;  // wrong results
+    times[std::strtoull(fields[3].c_str(), nullptr, 10)] = std::strtod(fields[4].c_str(), nullptr);
+  }
+  return times;
+}
+
+}  // namespace
+
+int runTuneSweep(Args& args, const char* self) {
+  const std::vector<std::string> ops = split(args.value("--ops", "all_reduce,all_gather,reduce_scatter"));
+  const std::vector<std::string> channels = split(args.value("--channels", "2,4,8,16,32"));
+  const std::vector<std::string> protocols = split(args.value("--protocols", "LL,LL128,Simple"));
+  const std::string minBytes = args.value("--min", "8");
+  const std::string maxBytes = args.value("--max", "1G");
+  const std::string factor = args.value("--factor", "4");
+  const std::string iters = args.value("--iters", "20");
+  const std::string warmup = args.value("--warmup", "3");
+  const std::string net = args.value("--net", "nvlink");
+  const std::string out = args.value("--out", "tune-sweep");
+  const int nRanks = atoi(args.value("--nranks", "0").c_str());
+  if (!args.leftovers().empty()) {
+    fprintf(stderr, "unifab-bench tune-sweep: unknown argument '%s'\n", args.leftovers()[0].c_str());
+    return 2;
+  }
+  const std::string library = unifabLibraryPath();
+  if (library.empty()) {
+    fprintf(stderr, "unifab-bench tune-sweep: cannot locate libnccl-unifab.so\n");
+    return 1;
+  }
+  std::vector<std::string> netEnvironment;
+  if (net == "unifab") {
+    netEnvironment = {"NCCL_NET_PLUGIN=" + library, "NCCL_NET=unifab", "NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1"};
+  } else if (net != "nvlink") {
+    fprintf(stderr, "unifab-bench tune-sweep: --net is nvlink or unifab (NET forced over unifab's transport)\n");
+    return 2;
+  }
+  mkdir(out.c_str(), 0755);
+  FILE* summary = fopen((out + "/summary.csv").c_str(), "w");
+  if (summary == nullptr) {
+    fprintf(stderr, "unifab-bench tune-sweep: cannot write %s/summary.csv\n", out.c_str());
+    return 1;
+  }
+  fprintf(summary, "op,net,bytes,best_config,best_us,tuner_us,tuner_gap_pct,default_us,default_gap_pct\n");
+  int failedRuns = 0;
+  double worstTunerGap = 0, worstTunerVsDefault = 0;
+  for (const std::string& op : ops) {
+    std::vector<Config> configs;
+    configs.push_back({"default", {"NCCL_TUNER_PLUGIN=none"}, false});
+    configs.push_back({"unifab-tuner", {"NCCL_TUNER_PLUGIN=" + library}, false});
+    for (const std::string& algo : algorithmsFor(op)) {
+      for (const std::string& proto : protocols) {
+        for (const std::string& c : channels) {
+          configs.push_back({algo + "-" + proto + "-" + c,
+                             {"NCCL_TUNER_PLUGIN=none", "NCCL_ALGO=" + algo, "NCCL_PROTO=" + proto,
+                              "NCCL_MIN_NCHANNELS=" + c, "NCCL_MAX_NCHANNELS=" + c},
+                             true});
+        }
+      }
+    }
+    std::map<std::string, std::map<size_t, double>> results;
+    for (const Config& config : configs) {
+      const std::string csv = out + "/" + op + "." + net + "." + config.label + ".csv";
+      test::LaunchOptions launch;
+      int gpus = nRanks;
+      if (gpus <= 0 && (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1)) {
+        fprintf(stderr, "unifab-bench tune-sweep: no CUDA device\n");
+        fclose(summary);
+        return 1;
+      }
+      launch.nRanks = gpus;
+      launch.timeoutSeconds = 600;
+      const char* nvls = getenv("NCCL_NVLS_ENABLE");
+      launch.environment.push_back(std::string("NCCL_NVLS_ENABLE=") + (nvls != nullptr ? nvls : "0"));
+      for (const char* variable : {"NCCL_SOCKET_IFNAME", "UNIFAB_SOCKET_IFNAME"}) {
+        if (getenv(variable) == nullptr) launch.environment.push_back(std::string(variable) + "=lo");
+      }
+      launch.environment.insert(launch.environment.end(), netEnvironment.begin(), netEnvironment.end());
+      launch.environment.insert(launch.environment.end(), config.environment.begin(), config.environment.end());
+      const std::vector<std::string> argv = {self, "coll", "--op", op, "--min", minBytes, "--max", maxBytes,
+                                             "--factor", factor, "--iters", iters, "--warmup", warmup, "--csv", csv};
+      remove(csv.c_str());
+      if (test::launchRanks(launch, argv) != 0) {
+        ++failedRuns;
+        printf("# %s %s: NCCL refused or failed this configuration; skipped\n", op.c_str(), config.label.c_str());
+        continue;
+      }
+      results[config.label] = readTimes(csv);
+    }
+    printf("# %s over %s: best forced configuration per size, and unifab's tuner and NCCL's default against it\n",
+           op.c_str(), net.c_str());
+    printf("# %12s %-20s %10s %10s %8s %10s %8s\n", "bytes", "best", "best(us)", "tuner(us)", "gap", "default", "gap");
+    const std::map<size_t, double>& tuner = results["unifab-tuner"];
+    const std::map<size_t, double>& fallback = results["default"];
+    for (const auto& [bytes, tunerUs] : tuner) {
+      std::string best;
+      double bestUs = 0;
+      for (const Config& config : configs) {
+        if (!config.forced) continue;
+        auto it = results[config.label].find(bytes);
+        if (it == results[config.label].end()) continue;
+        if (best.empty() || it->second < bestUs) {
+          best = config.label;
+          bestUs = it->second;
+        }
+      }
+      auto d = fallback.find(bytes);
+      const double defaultUs = d == fallback.end() ? 0 : d->second;
+      if (best.empty()) continue;
+      const double tunerGap = 100 * (tunerUs / bestUs - 1);
+      const double defaultGap = defaultUs > 0 ? 100 * (defaultUs / bestUs - 1) : 0;
+      // The acceptance rule: within 5 %, or within 1 us below 64 KiB.
+      const bool smallEnough = bytes < (size_t{64} << 10) && tunerUs - bestUs <= 1.0;
+      if (!smallEnough) worstTunerGap = std::max(worstTunerGap, tunerGap);
+      if (defaultUs > 0) worstTunerVsDefault = std::max(worstTunerVsDefault, 100 * (tunerUs / defaultUs - 1));
+      printf("  %12zu %-20s %10.1f %10.1f %7.1f%% %10.1f %7.1f%%\n", bytes, best.c_str(), bestUs, tunerUs, tunerGap,
+             defaultUs, defaultGap);
+      fprintf(summary, "%s,%s,%zu,%s,%.2f,%.2f,%.2f,%.2f,%.2f\n", op.c_str(), net.c_str(), bytes, best.c_str(), bestUs,
+              tunerUs, tunerGap, defaultUs, defaultGap);
+    }
+  }
+  fclose(summary);
+  printf("# worst gap of unifab's tuner to the best forced configuration (sizes >= 64 KiB, or > 1 us below): %.1f%%\n",
+         worstTunerGap);
+  printf("# worst slowdown of unifab's tuner against NCCL's default: %.1f%%; %d configuration runs refused\n",
+         worstTunerVsDefault, failedRuns);
+  return 0;
+}
+
+}  // namespace unifab::bench
