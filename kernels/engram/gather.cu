@@ -1,4 +1,5 @@
 #include "kernels/common/device_sync.cuh"
+#include "kernels/common/warp_copy.cuh"
 #include "kernels/engram/gather.h"
 
 namespace unifab::kernels::engram {
@@ -6,23 +7,6 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kWarp = 32;
-constexpr int kUnroll = 8;  // vectors in flight per lane: 128 KB per block, what a peer row read needs
-
-// A row's bytes: kUnroll vectors per lane at a time, loads before stores.
-__device__ __forceinline__ void copyRow(char* dst, const char* src, int64_t bytes, int lane) {
-  const int4* in = reinterpret_cast<const int4*>(src);
-  int4* out = reinterpret_cast<int4*>(dst);
-  const int64_t vectors = bytes / 16;
-  int64_t i = lane;
-  for (; i + (kUnroll - 1) * kWarp < vectors; i += kUnroll * kWarp) {
-    int4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = in[i + u * kWarp];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) out[i + u * kWarp] = v[u];
-  }
-  for (; i < vectors; i += kWarp) out[i] = in[i];
-}
 
 __device__ __forceinline__ void zeroRow(char* dst, int64_t bytes, int lane) {
   int4* out = reinterpret_cast<int4*>(dst);
@@ -61,7 +45,7 @@ __global__ void __launch_bounds__(kThreads) gatherKernel(TableView t, GatherArgs
         if (lane == 0 && a.outScales != nullptr) a.outScales[i] = 0.0f;
         continue;
       }
-      copyRow(dst, t.rows[p] + r * t.rowBytes, t.rowBytes, lane);
+      warpCopy(dst, t.rows[p] + r * t.rowBytes, static_cast<int>(t.rowBytes), lane);  // rows <= 1 MiB
       if (lane == 0 && a.outScales != nullptr) a.outScales[i] = t.scales[p][r];
     }
   }

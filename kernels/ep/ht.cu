@@ -8,6 +8,7 @@
 
 #include "kernels/common/bf16x8.cuh"
 #include "kernels/common/device_sync.cuh"
+#include "kernels/common/warp_copy.cuh"
 #include "kernels/ep/ht_kernels.h"
 
 namespace unifab::kernels::ep {
@@ -18,7 +19,6 @@ constexpr int kCopyThreads = 1024;
 // registers (1024 would spill), and 24 warps per SM still keep ~100 KB in flight.
 constexpr int kCombineThreads = 768;
 constexpr int kWarp = 32;
-constexpr int kUnroll = 8;  // 16-byte vectors in flight per lane: 128 KB per 1024-thread block
 
 __device__ __forceinline__ char* at(const GroupView& g, int rank, size_t offset) { return g.peerBase[rank] + offset; }
 
@@ -60,23 +60,6 @@ __device__ __forceinline__ int64_t loadExpert(const void* topkIdx, bool is32, si
               : static_cast<const int64_t*>(topkIdx)[index];
 }
 
-// Copies `bytes` (a multiple of 16) with every lane of the warp keeping kUnroll vectors in flight.
-// (A masked full last round instead of the vector-at-a-time tail measured no faster in a plain
-// copy, and here it spills: dispatch and combine run at their register limits.)
-__device__ __forceinline__ void warpCopy(char* dst, const char* src, int bytes, int lane) {
-  const int4* in = reinterpret_cast<const int4*>(src);
-  int4* out = reinterpret_cast<int4*>(dst);
-  const int vectors = bytes / 16;
-  int i = lane;
-  for (; i + (kUnroll - 1) * kWarp < vectors; i += kUnroll * kWarp) {
-    int4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(in + i + u * kWarp);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) out[i + u * kWarp] = v[u];
-  }
-  for (; i < vectors; i += kWarp) out[i] = __ldg(in + i);
-}
 
 // ---- grid hand-over and peer handshakes ---------------------------------------------------
 

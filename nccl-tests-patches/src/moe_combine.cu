@@ -15,22 +15,7 @@
 
 namespace {
 
-struct CombineCalls {
-  unifabEpHandle_t handle = NULL;
-  int tokens = -1;              // of the dispatch `handle` holds
-  const void* expertOutput = NULL;
-};
-UnifabPerComm<CombineCalls> combineCalls;
 bool checking(const UnifabEpState* s) { return s->shift && !s->lowLatency; }
-
-testResult_t dispatchFor(UnifabEpState* s, CombineCalls* calls, const void* x, int tokens, cudaStream_t stream) {
-  unifabEpDispatchResult_t result;
-  unifabEpLowLatencyDispatchResult_t llResult;
-  TESTCHECK(unifabEpDispatchOnce(s, x, tokens, stream, &calls->handle, &result, &llResult));
-  calls->expertOutput = s->lowLatency ? llResult.recvX : result.recvX;
-  calls->tokens = tokens;
-  return testSuccess;
-}
 
 }  // namespace
 
@@ -49,8 +34,7 @@ testResult_t CombineInitData(struct threadArgs* args, ncclDataType_t type, ncclR
     // Identity experts and one destination rank: every token returns as it left.
     TESTCHECK(unifabExpectRankData(args, i, type, rep, rank,
                                    (size_t)unifabEpTokens(s, args->sendBytes) * unifabEpBytesPerToken(s)));
-    CombineCalls* calls = combineCalls.find(args->comms[i]);
-    if (calls != NULL) calls->tokens = -1;  // new inputs: dispatch them again
+    s->dispatched = -1;  // new inputs: dispatch them again
     CUDACHECK(cudaDeviceSynchronize());
   }
   args->reportErrors = (check && !in_place) ? 1 : 0;
@@ -68,28 +52,22 @@ testResult_t CombineRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, s
     return testInvalidUsage;
   }
   unifabEpRanksPerToken = s->ranksPerToken;
-  CombineCalls* calls = combineCalls.find(comm);
-  if (calls == NULL) {
-    calls = new CombineCalls();
-    combineCalls.put(comm, calls);
-  }
   const int tokens = unifabEpTokens(s, count * wordSize(type));
-  const void* x = (char*)sendbuff + sendoffset;
   // The harness moves its buffers between calls; combine reads none of them, so only a new size
-  // (or new data, for -c) needs a new dispatch.
-  if (s->lowLatency || calls->tokens != tokens) TESTCHECK(dispatchFor(s, calls, x, tokens, stream));
+  // (or new data, for -c) needs a new dispatch. A low-latency combine completes one dispatch only.
+  if (s->lowLatency || s->dispatched != tokens) TESTCHECK(unifabEpDispatchOnce(s, (char*)sendbuff + sendoffset, tokens, stream));
   if (s->lowLatency) {
     unifabEpLowLatencyCombineArgs_t a = UNIFAB_EP_LL_COMBINE_ARGS_INIT;
-    a.expertOutput = calls->expertOutput;
+    a.expertOutput = s->received;
     a.weighted = 0;
     a.combinedX = (char*)recvbuff + recvoffset;
-    UNIFABCHECK(unifabEpLowLatencyCombine(s->group, calls->handle, &a, stream));
+    UNIFABCHECK(unifabEpLowLatencyCombine(s->group, s->handle, &a, stream));
   } else {
     unifabEpCombineArgs_t a = UNIFAB_EP_COMBINE_ARGS_INIT;
-    a.expertOutput = calls->expertOutput;
+    a.expertOutput = s->received;
     a.weighted = 0;
     a.combinedX = (char*)recvbuff + recvoffset;
-    UNIFABCHECK(unifabEpCombine(s->group, calls->handle, &a, stream));
+    UNIFABCHECK(unifabEpCombine(s->group, s->handle, &a, stream));
   }
   return testSuccess;
 }
@@ -106,10 +84,6 @@ testResult_t CombineRunTest(struct threadArgs* args, int root, ncclDataType_t ty
   }
   unifabEpMaxBytes = args->maxbytes;
   TESTCHECK(unifabRunTest(args, &combineTest, ncclBfloat16, "bfloat16", ncclBfloat16, "bfloat16"));
-  CombineCalls* calls = combineCalls.find(args->comms[0]);
-  if (calls != NULL && calls->handle != NULL) UNIFABCHECK(unifabEpHandleDestroy(calls->handle));
-  delete calls;
-  combineCalls.put(args->comms[0], NULL);
   return unifabEpRelease(args->comms[0]);
 }
 

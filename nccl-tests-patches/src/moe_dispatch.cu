@@ -16,11 +16,6 @@
 
 namespace {
 
-struct DispatchCalls {
-  unifabEpHandle_t handle = NULL;
-};
-UnifabPerComm<DispatchCalls> dispatchCalls;
-
 bool checking(const UnifabEpState* s) { return s->shift && !s->lowLatency; }
 
 }  // namespace
@@ -54,17 +49,10 @@ testResult_t DispatchRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, 
   UnifabEpState* s = NULL;
   TESTCHECK(unifabEpState(comm, &s));
   unifabEpRanksPerToken = s->ranksPerToken;
-  DispatchCalls* calls = dispatchCalls.find(comm);
-  if (calls == NULL) {
-    calls = new DispatchCalls();
-    dispatchCalls.put(comm, calls);
-  }
   const int tokens = unifabEpTokens(s, count * wordSize(type));
-  unifabEpDispatchResult_t result;
-  unifabEpLowLatencyDispatchResult_t llResult;
-  TESTCHECK(unifabEpDispatchOnce(s, (char*)sendbuff + sendoffset, tokens, stream, &calls->handle, &result, &llResult));
+  TESTCHECK(unifabEpDispatchOnce(s, (char*)sendbuff + sendoffset, tokens, stream));
   if (checking(s) && tokens > 0) {
-    CUDACHECK(cudaMemcpyAsync((char*)recvbuff + recvoffset, result.recvX, (size_t)tokens * unifabEpBytesPerToken(s),
+    CUDACHECK(cudaMemcpyAsync((char*)recvbuff + recvoffset, s->received, (size_t)tokens * unifabEpBytesPerToken(s),
                               cudaMemcpyDeviceToDevice, stream));
   }
   return testSuccess;
@@ -77,10 +65,6 @@ testResult_t DispatchRunTest(struct threadArgs* args, int root, ncclDataType_t t
                              ncclRedOp_t op, const char* opName) {
   unifabEpMaxBytes = args->maxbytes;
   TESTCHECK(unifabRunTest(args, &dispatchTest, type, typeName, ncclInt8, "int8"));
-  DispatchCalls* calls = dispatchCalls.find(args->comms[0]);
-  if (calls != NULL && calls->handle != NULL) UNIFABCHECK(unifabEpHandleDestroy(calls->handle));
-  delete calls;
-  dispatchCalls.put(args->comms[0], NULL);
   return unifabEpRelease(args->comms[0]);
 }
 

@@ -124,6 +124,9 @@ struct UnifabEpState {
   float* scales;        /* device [maxTokens][hidden/128] (high-throughput FP8 input) */
   double ranksPerToken; /* bytes received per input byte: destination ranks per token, times the
                            wire bytes per input byte (FP8 cast in the low-latency kernel: ~1/2) */
+  unifabEpHandle_t handle; /* of the latest dispatch, or NULL */
+  int dispatched;          /* tokens of that dispatch; -1: none (or its inputs changed) */
+  const void* received;    /* its receive rows (rank-major, or the low-latency expert regions) */
 };
 
 static UnifabPerComm<UnifabEpState> unifabEpStates;
@@ -148,6 +151,9 @@ static inline testResult_t unifabEpState(ncclComm_t comm, UnifabEpState** out) {
     return testSuccess;
   }
   s = new UnifabEpState();
+  s->handle = NULL;
+  s->dispatched = -1;
+  s->received = NULL;
   s->hidden = (int)unifabTestParam("UNIFAB_EP_HIDDEN", 7168);
   s->topk = (int)unifabTestParam("UNIFAB_EP_TOPK", 8);
   s->experts = (int)unifabTestParam("UNIFAB_EP_EXPERTS", 256);
@@ -212,6 +218,7 @@ static inline testResult_t unifabEpState(ncclComm_t comm, UnifabEpState** out) {
 static inline testResult_t unifabEpRelease(ncclComm_t comm) {
   UnifabEpState* s = unifabEpStates.find(comm);
   if (s == NULL) return testSuccess;
+  if (s->handle != NULL) UNIFABCHECK(unifabEpHandleDestroy(s->handle));
   UNIFABCHECK(unifabEpDestroy(s->group));
   CUDACHECK(cudaFree(s->topkIdx));
   CUDACHECK(cudaFree(s->topkWeights));
@@ -226,13 +233,12 @@ static inline int unifabEpTokens(const UnifabEpState* s, size_t bytes) {
   return (int)std::min<size_t>(bytes / unifabEpBytesPerToken(s), (size_t)s->maxTokens);
 }
 
-/* One dispatch of `tokens` tokens of `x`; *handle receives the routing handle (the previous one,
- * if any, is released), *result where the rows are. */
-static inline testResult_t unifabEpDispatchOnce(UnifabEpState* s, const void* x, int tokens, cudaStream_t stream,
-                                                unifabEpHandle_t* handle, unifabEpDispatchResult_t* result,
-                                                unifabEpLowLatencyDispatchResult_t* llResult) {
-  if (*handle != NULL) UNIFABCHECK(unifabEpHandleDestroy(*handle));
-  *handle = NULL;
+/* One dispatch of `tokens` tokens of `x`, which becomes the state's latest (the previous handle
+ * is released). */
+static inline testResult_t unifabEpDispatchOnce(UnifabEpState* s, const void* x, int tokens, cudaStream_t stream) {
+  if (s->handle != NULL) UNIFABCHECK(unifabEpHandleDestroy(s->handle));
+  s->handle = NULL;
+  s->dispatched = -1;
   if (s->lowLatency) {
     unifabEpLowLatencyDispatchArgs_t a = UNIFAB_EP_LL_DISPATCH_ARGS_INIT;
     a.numTokens = tokens;
@@ -240,19 +246,24 @@ static inline testResult_t unifabEpDispatchOnce(UnifabEpState* s, const void* x,
     a.topkIdx = s->topkIdx;
     a.topkWeights = s->topkWeights;
     a.dtype = s->fp8 ? unifabEpFp8E4M3 : unifabEpBf16;
-    llResult->size = sizeof(*llResult);
-    UNIFABCHECK(unifabEpLowLatencyDispatch(s->group, &a, stream, handle, llResult));
-    return testSuccess;
+    unifabEpLowLatencyDispatchResult_t result;
+    result.size = sizeof(result);
+    UNIFABCHECK(unifabEpLowLatencyDispatch(s->group, &a, stream, &s->handle, &result));
+    s->received = result.recvX;
+  } else {
+    unifabEpDispatchArgs_t a = UNIFAB_EP_DISPATCH_ARGS_INIT;
+    a.numTokens = tokens;
+    a.dtype = s->fp8 ? unifabEpFp8E4M3 : unifabEpBf16;
+    a.x = x;
+    a.scales = s->scales;
+    a.topkIdx = s->topkIdx;
+    a.topkWeights = s->topkWeights;
+    unifabEpDispatchResult_t result;
+    result.size = sizeof(result);
+    UNIFABCHECK(unifabEpDispatch(s->group, &a, stream, &s->handle, &result));
+    s->received = result.recvX;
   }
-  unifabEpDispatchArgs_t a = UNIFAB_EP_DISPATCH_ARGS_INIT;
-  a.numTokens = tokens;
-  a.dtype = s->fp8 ? unifabEpFp8E4M3 : unifabEpBf16;
-  a.x = x;
-  a.scales = s->scales;
-  a.topkIdx = s->topkIdx;
-  a.topkWeights = s->topkWeights;
-  result->size = sizeof(*result);
-  UNIFABCHECK(unifabEpDispatch(s->group, &a, stream, handle, result));
+  s->dispatched = tokens;
   return testSuccess;
 }
 
