@@ -2,9 +2,12 @@
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
 # and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
-#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [tunesweep] [epsweep] [trace] [sanitize] [sweep]
+#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [nccltests] [tunesweep] [epsweep] [trace] [sanitize] [sweep]
 #   default: tests bench ep ll pp engram
-# UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match.
+# UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
+# UNIFAB_GPU_TESTS_LIMIT_S bounds the whole tests step (default 3000 s) so that a hang still
+# leaves its logs. nccltests needs nccl-tests v2.19.6 in NCCL_TESTS_SRC (default: .nccl-tests-src,
+# an ignored folder to `carry`).
 # The machines are shared virtual machines whose loopback TCP speed changes from minute to
 # minute, so every comparison runs its contenders interleaved, several times, and reports the
 # median over the repetitions.
@@ -86,7 +89,8 @@ for step in $steps; do
   case $step in
   tests)
     say "== gpu tests (ctest -L gpu)"
-    (cd "$build" && ctest -L gpu ${UNIFAB_GPU_TESTS:+-R "$UNIFAB_GPU_TESTS"} -V --timeout 1000) >"$logs/ctest-gpu.log" 2>&1 || failed=1
+    (cd "$build" && timeout -k 10 "${UNIFAB_GPU_TESTS_LIMIT_S:-3000}" \
+      ctest -L gpu ${UNIFAB_GPU_TESTS:+-R "$UNIFAB_GPU_TESTS"} -V --timeout 1000) >"$logs/ctest-gpu.log" 2>&1 || failed=1
     grep -E "tests passed|Passed|Failed|\*\*\*" "$logs/ctest-gpu.log" | tee -a "$summary"
     grep -h -E "passed, [0-9]+ failed" "$logs/ctest-gpu.log" | tee -a "$summary"
     cat "$build"/tests/gpu/nccl-debug*.log 2>/dev/null |
@@ -134,6 +138,37 @@ for step in $steps; do
     say "== unifab-bench engram, random rows of the peer GPU"
     "$bench" engram --rows 256,1K,4K,14K,64K --fetch 64M --iters 20 --csv "$logs/engram.csv" >"$logs/engram.txt" 2>&1 || failed=1
     tee -a "$summary" <"$logs/engram.txt"
+    ;;
+  nccltests)
+    # nccl-tests with unifab's patch, built against this build installed, next to unifab-bench on
+    # the same shapes (the two must agree within 5 %).
+    src="${NCCL_TESTS_SRC:-$here/.nccl-tests-src}"
+    say "== nccl-tests $(grep -o 'NCCL_TESTS_VERSION "[^"]*"' "$src/src/common.h" 2>/dev/null) + unifab patch"
+    nt=/tmp/unifab-nccl-tests
+    rm -rf "$nt" && cp -r "$src" "$nt" && cmake --install "$build" --prefix "$build/inst" >"$logs/nccl-tests-build.log" 2>&1 &&
+      UNIFAB_HOME="$build/inst" NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" \
+      "$here/nccl-tests-patches/apply.sh" "$nt" --build >>"$logs/nccl-tests-build.log" 2>&1
+    if [ $? -ne 0 ]; then failed=1; say "nccl-tests build FAILED"; tail -20 "$logs/nccl-tests-build.log" | tee -a "$summary"; continue; fi
+    ntrun() {  # LABEL [NAME=VALUE]... BINARY ARGS...
+      local label=$1; shift
+      env "$@" >"$logs/nt-$label.txt" 2>&1 || { failed=1; say "FAILED: nccl-tests $label"; }
+      say "-- $label: $*"
+      grep -E "^ +[0-9]+ |Out of bounds|wrong|#wrong|Avg bus" "$logs/nt-$label.txt" | tee -a "$summary"
+      grep -E "failure|FAILED|error" "$logs/nt-$label.txt" | head -5 | tee -a "$summary"
+    }
+    b="$nt/build"
+    ntrun pp-check "$b/pp_sendrecv_perf" -t 2 -g 1 -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
+    ntrun engram-check UNIFAB_ENGRAM_ROW_BYTES=14336 "$b/engram_read_perf" -t 2 -g 1 -b 14K -e 224M -f 4 -c 1 -n 20 -w 3
+    for row in 4096 14336 65536; do
+      ntrun "engram-random-$row" UNIFAB_ENGRAM_ROW_BYTES=$row UNIFAB_ENGRAM_RANDOM=1 "$b/engram_read_perf" -t 2 -g 1 -b 64M -e 64M -c 0 -n 20 -w 3
+    done
+    ntrun moe-dispatch-check UNIFAB_EP_ROUTING=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 14K -e 56M -f 8 -c 1 -n 5 -w 2
+    ntrun moe-combine-check UNIFAB_EP_ROUTING=1 "$b/moe_combine_perf" -t 2 -g 1 -b 14K -e 56M -f 8 -c 1 -n 5 -w 2
+    ntrun moe-dispatch-graph UNIFAB_EP_ROUTING=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 56M -e 56M -c 1 -G 10 -n 30 -w 5
+    ntrun moe-dispatch-bf16 "$b/moe_dispatch_perf" -t 2 -g 1 -b 56M -e 56M -c 0 -n 30 -w 5
+    ntrun moe-dispatch-fp8 UNIFAB_EP_FP8=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 28M -e 28M -c 0 -n 30 -w 5
+    ntrun moe-combine-bf16 "$b/moe_combine_perf" -t 2 -g 1 -b 56M -e 56M -c 0 -n 30 -w 5
+    ntrun moe-ll-dispatch UNIFAB_EP_MODE=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 1792K -e 1792K -c 0 -n 50 -w 10
     ;;
   tunesweep)
     say "== unifab-bench tune-sweep: forced NCCL configurations against the tuner and NCCL's default"
