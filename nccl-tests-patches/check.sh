@@ -18,6 +18,12 @@ diff -q "$work/regenerated.patch" "$here/unifab-nccl-tests.patch" >/dev/null ||
 git -C "$NCCL_TESTS_SRC" archive HEAD | (mkdir -p "$work/tree" && tar -x -C "$work/tree")
 "$here/apply.sh" "$work/tree" >/dev/null
 gencode="-gencode=arch=compute_90,code=sm_90"
+# A plain `make` (the default goal) must build unifab's tests next to nccl-tests' own.
+default_goal="$(make -n -C "$work/tree/src" UNIFAB_HOME="$UNIFAB_HOME" BUILDDIR="$work/make" 2>/dev/null || true)"
+for binary in all_reduce_perf moe_dispatch_perf moe_combine_perf engram_read_perf pp_sendrecv_perf; do
+  grep -q -- "-o $work/make/$binary " <<<"$default_goal" ||
+    { echo "nccl-tests patches: a plain make does not build $binary" >&2; exit 1; }
+done
 make -C "$work/tree/src" -j"$(nproc)" UNIFAB_HOME="$UNIFAB_HOME" ${NCCL_HOME:+NCCL_HOME="$NCCL_HOME"} \
   NVCC_GENCODE="$gencode" BUILDDIR="$work/make" "$work/make/moe_dispatch_perf" "$work/make/moe_combine_perf" "$work/make/engram_read_perf" "$work/make/pp_sendrecv_perf" >/dev/null
 cmake -S "$work/tree" -B "$work/cmake" -DUNIFAB_HOME="$UNIFAB_HOME" -DCMAKE_CUDA_ARCHITECTURES=90 \

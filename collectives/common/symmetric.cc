@@ -110,7 +110,8 @@ Result DeviceComm::acquire(ncclComm_t comm, std::shared_ptr<DeviceComm>* out) {
   std::shared_ptr<DeviceComm> created(new DeviceComm());
   UF_CHECK(ncclRuntime(&created->nccl_));
   const NcclRuntime& n = *created->nccl_;
-  created->comm_ = comm;
+  // comm_ stays null until NCCL has built the device communicator: the destructor destroys only
+  // what exists (ncclDevCommDestroy of a refused one never returned).
   UF_NCCL_CHECK(n.commCuDevice(comm, &created->cudaDevice_), comm);
   DeviceGuard guard(created->cudaDevice_);
 #if defined(NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER)
@@ -128,6 +129,7 @@ Result DeviceComm::acquire(ncclComm_t comm, std::shared_ptr<DeviceComm>* out) {
     entry->failureMessage = lastErrorMessage();
     return entry->failure;
   }
+  created->comm_ = comm;
   UF_INFO(kExt, kLogInit, "device communicator: rank %d of %d, LSA rank %d of %d, GPU %d", created->rank(),
           created->nRanks(), created->lsaRank(), created->lsaSize(), created->cudaDevice_);
   entry->comm = created;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "collectives/common/copy_engine.h"
 #include "collectives/common/cuda_check.h"
 #include "collectives/common/device_guard.h"
 #include "collectives/ep/ep_common.h"
@@ -117,11 +118,11 @@ Result unifabEngramTable::write(int64_t firstRow, int64_t numRows, const void* r
   }
   unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
   char* local = window_->localBase();
-  UF_CUDA_CHECK(cudaMemcpyAsync(local + static_cast<size_t>(firstRow) * config_.rowBytes, rows,
-                                static_cast<size_t>(numRows) * config_.rowBytes, cudaMemcpyDeviceToDevice, stream));
+  UF_CHECK(unifab::collectives::copyEngineCopy(local + static_cast<size_t>(firstRow) * config_.rowBytes, rows,
+                                               static_cast<size_t>(numRows) * config_.rowBytes, stream));
   if (config_.rowScales && numRows > 0) {
-    UF_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<float*>(local + scalesOffset_) + firstRow, scales,
-                                  sizeof(float) * static_cast<size_t>(numRows), cudaMemcpyDeviceToDevice, stream));
+    UF_CHECK(unifab::collectives::copyEngineCopy(reinterpret_cast<float*>(local + scalesOffset_) + firstRow, scales,
+                                                 sizeof(float) * static_cast<size_t>(numRows), stream));
   }
   return unifabSuccess;
 }
@@ -186,16 +187,12 @@ Result unifabEngramTable::copyEngineFetch(const unifabEngramFetchArgs_t& a) {
                     "NVLink peers of this one)", bad, static_cast<long long>(ids[bad]), view_.firstRank,
                     view_.firstRank + view_.peers - 1, static_cast<long long>(view_.rowsPerRank - 1));
   }
-  cudaMemcpyAttributes attributes{};
-  attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-  size_t attributeIndex = 0;
   std::vector<void*> dsts;
   std::vector<const void*> srcs;
   std::vector<size_t> sizes;
   auto flush = [&]() -> Result {
     if (dsts.empty()) return unifabSuccess;
-    UF_CUDA_CHECK(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attributes, &attributeIndex,
-                                       1, stream_));
+    UF_CHECK(unifab::collectives::copyEngineBatch(dsts.data(), srcs.data(), sizes.data(), dsts.size(), stream_));
     dsts.clear();
     srcs.clear();
     sizes.clear();

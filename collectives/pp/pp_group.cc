@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "collectives/common/copy_engine.h"
 #include "collectives/common/cuda_check.h"
 #include "collectives/common/device_guard.h"
 #include "collectives/pp/pp_plan.h"
@@ -59,11 +60,14 @@ Result WaitWatchdog::takeEvent(cudaEvent_t* event) {
   return unifabSuccess;
 }
 
-Result WaitWatchdog::wait(const StreamOps& ops, cudaStream_t stream, uint64_t* flag, uint64_t value) {
+Result WaitWatchdog::wait(const StreamOps& ops, cudaStream_t stream, uint64_t* flag, uint64_t value, const char* what,
+                          int peer) {
   Watched w;
   w.stream = stream;
   w.flag = flag;
   w.value = value;
+  w.what = what;
+  w.peer = peer;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     UF_CHECK(takeEvent(&w.reached));
@@ -96,13 +100,18 @@ void WaitWatchdog::release(Watched& w) {
   nextRelease_ = (nextRelease_ + 1) % kReleaseSlots;
   *value = w.value;
   const cudaError_t written = cudaMemcpyAsync(w.flag, value, sizeof(uint64_t), cudaMemcpyHostToDevice, releaseStream_);
-  if (!timedOut_.exchange(true)) {
+  const bool first = !timedOut_.exchange(true);
+  if (first) {
     UF_WARN(kExt,
-            "pipeline send/recv: a wait for value %llu lasted more than UNIFAB_PP_TIMEOUT_MS=%lld ms (the peer did "
+            "pipeline send/recv: %s rank %d (chunk %llu) waited more than UNIFAB_PP_TIMEOUT_MS=%lld ms (the peer did "
             "not post its matching call); released it%s; the group is unusable and releases its waits from now on",
-            static_cast<unsigned long long>(w.value), static_cast<long long>(timeout_.count()),
+            w.what, w.peer, static_cast<unsigned long long>(w.value), static_cast<long long>(timeout_.count()),
             written == cudaSuccess ? "" : " (the release failed too)");
+  } else if (releases_ < kReleasesLogged) {
+    UF_WARN(kExt, "pipeline send/recv: released %s rank %d (chunk %llu)%s", w.what, w.peer,
+            static_cast<unsigned long long>(w.value), releases_ + 1 == kReleasesLogged ? "; later releases not logged" : "");
   }
+  ++releases_;
 }
 
 void WaitWatchdog::run() {
@@ -260,10 +269,11 @@ Result unifabPpGroup::send(const void* data, size_t bytes, int peer, cudaStream_
   for (const pp::Chunk& c : pp::planChunks(bytes, chunkBytes_, slots_, sentTo_[to])) {
     if (c.reuseAfter > 0) {
       // The peer has copied out the chunk that last used this slot.
-      UF_CHECK(watchdog_->wait(*ops_, stream, reinterpret_cast<uint64_t*>(mine + freedOffset(to, c.slot)), c.reuseAfter));
+      UF_CHECK(watchdog_->wait(*ops_, stream, reinterpret_cast<uint64_t*>(mine + freedOffset(to, c.slot)), c.reuseAfter,
+                               "send: slot freed by", peer));
     }
-    UF_CUDA_CHECK(cudaMemcpyAsync(theirs + slotOffset(myIndex_, c.slot), static_cast<const char*>(data) + c.offset,
-                                  c.bytes, cudaMemcpyDeviceToDevice, stream));
+    UF_CHECK(unifab::collectives::copyEngineCopy(theirs + slotOffset(myIndex_, c.slot),
+                                                 static_cast<const char*>(data) + c.offset, c.bytes, stream));
     UF_CHECK(ops_->write(stream, reinterpret_cast<uint64_t*>(theirs + readyOffset(myIndex_, c.slot)), c.sequence));
     sentTo_[to] = c.sequence;
   }
@@ -278,9 +288,10 @@ Result unifabPpGroup::recv(void* data, size_t bytes, int peer, cudaStream_t stre
   char* mine = window_->peerBases()[myIndex_];
   char* theirs = window_->peerBases()[from];
   for (const pp::Chunk& c : pp::planChunks(bytes, chunkBytes_, slots_, receivedFrom_[from])) {
-    UF_CHECK(watchdog_->wait(*ops_, stream, reinterpret_cast<uint64_t*>(mine + readyOffset(from, c.slot)), c.sequence));
-    UF_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(data) + c.offset, mine + slotOffset(from, c.slot), c.bytes,
-                                  cudaMemcpyDeviceToDevice, stream));
+    UF_CHECK(watchdog_->wait(*ops_, stream, reinterpret_cast<uint64_t*>(mine + readyOffset(from, c.slot)), c.sequence,
+                             "recv: chunk sent by", peer));
+    UF_CHECK(unifab::collectives::copyEngineCopy(static_cast<char*>(data) + c.offset, mine + slotOffset(from, c.slot),
+                                                 c.bytes, stream));
     // The sender may now reuse the slot.
     UF_CHECK(ops_->write(stream, reinterpret_cast<uint64_t*>(theirs + freedOffset(myIndex_, c.slot)), c.sequence));
     receivedFrom_[from] = c.sequence;

@@ -36,8 +36,9 @@ class WaitWatchdog {
   WaitWatchdog& operator=(const WaitWatchdog&) = delete;
 
   Result start();
-  // Posts "wait until *flag >= value" on `stream`, watched.
-  Result wait(const StreamOps& ops, cudaStream_t stream, uint64_t* flag, uint64_t value);
+  // Posts "wait until *flag >= value" on `stream`, watched; `what` and `peer` name it in the
+  // timeout warning ("send to rank 1: slot freed by").
+  Result wait(const StreamOps& ops, cudaStream_t stream, uint64_t* flag, uint64_t value, const char* what, int peer);
   bool timedOut() const { return timedOut_.load(); }
 
  private:
@@ -46,10 +47,13 @@ class WaitWatchdog {
     cudaStream_t stream = nullptr;
     uint64_t* flag = nullptr;
     uint64_t value = 0;
+    const char* what = "";
+    int peer = -1;
     bool reachedSeen = false;
     std::chrono::steady_clock::time_point reachedAt;
   };
   static constexpr int kReleaseSlots = 64;  // pinned values of releases in flight
+  static constexpr int kReleasesLogged = 8;  // the first releases each get a warning
   void run();
   Result takeEvent(cudaEvent_t* event);
   void release(Watched& w);
@@ -65,6 +69,7 @@ class WaitWatchdog {
   cudaStream_t releaseStream_ = nullptr;  // non-blocking: never queues behind a stuck stream
   uint64_t* releaseValues_ = nullptr;     // pinned staging of the values written on release (a ring)
   int nextRelease_ = 0;
+  int releases_ = 0;
   std::thread thread_;
 };
 

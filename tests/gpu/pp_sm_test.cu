@@ -1,14 +1,20 @@
-// Proof that pipeline send/recv leaves the SMs to compute: on both GPUs a compute kernel holds
-// every SM (as many blocks as fit) for ~50 ms on one stream, while rank 0 sends 2 GiB to rank 1
-// on another. The compute kernel must slow by less than 5 % against its time alone, and the
-// transfer must finish, correct, within the compute kernel's time. For contrast, the same compute
-// kernel next to a plain SM copy kernel (a local 2 GiB copy launched just before it) is timed too
-// and printed: that copy takes SMs the compute kernel then has to wait for.
+// Proof that pipeline send/recv and Engram's copy-engine fetches leave the SMs to compute: on both
+// GPUs a compute kernel holds every SM (as many blocks as fit) for ~50 ms on one stream, while
+// rank 0 sends 2 GiB to rank 1 on another, and then while each rank fetches 256 MiB of the peer's
+// Engram rows (64 KiB rows, shuffled) with the copy engine. The compute kernel must slow by less
+// than 5 % against its time alone, the transfers and fetches must finish, correct, within the
+// compute kernel's time, and the fetch must report 0 SMs held. For contrast, the same compute
+// kernel next to a plain SM copy kernel (local copies launched just before it) is timed too: that
+// copy takes SMs the compute kernel then waits for. Also printed, as evidence of which copy paths
+// stay off the SMs: a local 256 MiB cudaMemcpyAsync and the same copy through
+// cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute, each alone and next to the
+// compute kernel.
 #include <cuda_runtime.h>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <random>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -25,6 +31,9 @@ namespace {
 constexpr size_t kTransferBytes = size_t{256} << 20;
 constexpr int kTransfers = 8;
 constexpr int kComputeThreads = 256;
+constexpr size_t kRowBytes = size_t{64} << 10;
+constexpr int64_t kRowsPerRank = 4096;  // 256 MiB of rows per rank
+constexpr int kSmCopies = 10;           // plain SM copies of 2 GiB in the contrast (~12 ms)
 
 __global__ void computeKernel(float* out, long long iterations) {
   float a = threadIdx.x * 1e-3f, b = 1.0001f;
@@ -36,6 +45,21 @@ __global__ void smCopyKernel(const int4* in, int4* out, size_t vectors) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < vectors;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     out[i] = in[i];
+  }
+}
+
+// mismatches += rows of `out` that differ from row ids[i] of `table` (16-byte words compared).
+__global__ void checkRowsKernel(const int4* out, const int4* table, const int64_t* ids, int rows, int64_t firstRow,
+                                size_t rowVectors, unsigned long long* mismatches) {
+  for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int4* got = out + row * rowVectors;
+    const int4* want = table + (ids[row] - firstRow) * rowVectors;
+    int bad = 0;
+    for (size_t v = threadIdx.x; v < rowVectors; v += blockDim.x) {
+      const int4 a = got[v], b = want[v];
+      bad |= a.x != b.x || a.y != b.y || a.z != b.z || a.w != b.w;
+    }
+    if (__syncthreads_or(bad) && threadIdx.x == 0) atomicAdd(mismatches, 1ULL);
   }
 }
 
@@ -151,11 +175,123 @@ bool run(const RankEnvironment& env, NcclSession& session) {
     cudaFree(bad);
   }
 
-  // Contrast: a plain SM copy launched just before the compute kernel.
+  // Compute next to zero-SM Engram fetches: every rank reads all of the next rank's rows,
+  // shuffled (no two adjacent: one copy per row), with the copy engine.
+  const int peer = (env.rank + 1) % env.nRanks;
+  unifabEngramConfig_t tableConfig = UNIFAB_ENGRAM_CONFIG_INIT;
+  tableConfig.rowBytes = kRowBytes;
+  tableConfig.rowsPerRank = kRowsPerRank;
+  unifabEngramTable_t table = nullptr;
+  if (unifabEngramCreate(session.comm(), &tableConfig, &table) != unifabSuccess) {
+    fprintf(stderr, "rank %d: %s\n", env.rank, unifabGetLastError());
+    return false;
+  }
+  const size_t tableBytes = kRowBytes * kRowsPerRank;
+  char* expected = static_cast<char*>(copy);  // the peer's rows, made here from the peer's seed
+  char* fetched = expected + tableBytes;
+  TEST_CUDA_CHECK(fillBytes(data, tableBytes, 777 + env.rank, copyStream));
+  TEST_UNIFAB_CHECK(unifabEngramWrite(table, 0, kRowsPerRank, data, nullptr, copyStream));
+  TEST_CUDA_CHECK(fillBytes(expected, tableBytes, 777 + peer, copyStream));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(copyStream));
+  std::vector<int64_t> ids(kRowsPerRank);
+  for (int64_t i = 0; i < kRowsPerRank; ++i) ids[i] = peer * kRowsPerRank + i;
+  std::mt19937 shuffle(99 + env.rank);
+  std::shuffle(ids.begin(), ids.end(), shuffle);
+  int64_t* deviceIds = nullptr;
+  TEST_CUDA_CHECK(cudaMalloc(&deviceIds, sizeof(int64_t) * kRowsPerRank));
+  TEST_CUDA_CHECK(cudaMemcpy(deviceIds, ids.data(), sizeof(int64_t) * kRowsPerRank, cudaMemcpyHostToDevice));
+  unifabEngramFetchArgs_t args = UNIFAB_ENGRAM_FETCH_ARGS_INIT;
+  args.rowIds = ids.data();
+  args.hostRowIds = 1;
+  args.numRows = kRowsPerRank;
+  args.out = fetched;
+  args.engine = unifabEngramCopyEngine;
+  auto fetchRows = [&](int* smsUsed) {
+    unifabEngramFetch_t fetch = nullptr;
+    TEST_UNIFAB_CHECK(unifabEngramFetchIssue(table, &args, copyStream, &fetch));
+    TEST_UNIFAB_CHECK(unifabEngramWait(fetch, copyStream, smsUsed));
+    return true;
+  };
+  // Alone first (the copy engine's own time), then next to the compute kernel.
+  int smsUsed = -1;
   if (!session.barrier(true)) return false;
   TEST_CUDA_CHECK(cudaEventRecord(transfer.start, copyStream));
-  smCopyKernel<<<sms, 1024, 0, copyStream>>>(static_cast<const int4*>(data), static_cast<int4*>(copy),
-                                             kTransferBytes * kTransfers / 16);
+  if (!fetchRows(&smsUsed)) return false;
+  TEST_CUDA_CHECK(cudaEventRecord(transfer.stop, copyStream));
+  TEST_CUDA_CHECK(cudaEventSynchronize(transfer.stop));
+  const double fetchAloneMs = transfer.ms();
+  TEST_CUDA_CHECK(cudaMemset(fetched, 0, tableBytes));
+  if (!session.barrier(true)) return false;
+  TEST_CUDA_CHECK(cudaEventRecord(compute.start, computeStream));
+  computeKernel<<<computeBlocks, kComputeThreads, 0, computeStream>>>(sink, iterations);
+  TEST_CUDA_CHECK(cudaEventRecord(compute.stop, computeStream));
+  TEST_CUDA_CHECK(cudaEventRecord(transfer.start, copyStream));
+  if (!fetchRows(&smsUsed)) return false;
+  TEST_CUDA_CHECK(cudaEventRecord(transfer.stop, copyStream));
+  TEST_CUDA_CHECK(cudaEventSynchronize(compute.stop));
+  TEST_CUDA_CHECK(cudaEventSynchronize(transfer.stop));
+  const double withFetchMs = compute.ms(), fetchMs = transfer.ms();
+  {
+    unsigned long long* bad = nullptr;
+    TEST_CUDA_CHECK(cudaMalloc(&bad, sizeof(*bad)));
+    TEST_CUDA_CHECK(cudaMemset(bad, 0, sizeof(*bad)));
+    checkRowsKernel<<<1024, 256>>>(reinterpret_cast<const int4*>(fetched), reinterpret_cast<const int4*>(expected),
+                                   deviceIds, static_cast<int>(kRowsPerRank), peer * kRowsPerRank, kRowBytes / 16, bad);
+    TEST_CUDA_CHECK(cudaGetLastError());
+    unsigned long long wrong = 0;
+    TEST_CUDA_CHECK(cudaMemcpy(&wrong, bad, sizeof(wrong), cudaMemcpyDeviceToHost));
+    check(wrong == 0, std::to_string(wrong) + " fetched rows differ from the peer's");
+    cudaFree(bad);
+  }
+  check(unifabEngramGetAsyncError(table) == unifabSuccess, "no Engram error");
+
+  // Which copy paths stay off the SMs: a local copy of kTransferBytes, plain and batched with the
+  // overlap hint, each alone and next to the compute kernel.
+  auto timeLocalCopy = [&](bool batched, bool nextToCompute, double* copyMs, double* computeMs) {
+    if (nextToCompute) {
+      TEST_CUDA_CHECK(cudaEventRecord(compute.start, computeStream));
+      computeKernel<<<computeBlocks, kComputeThreads, 0, computeStream>>>(sink, iterations);
+      TEST_CUDA_CHECK(cudaEventRecord(compute.stop, computeStream));
+    }
+    TEST_CUDA_CHECK(cudaEventRecord(transfer.start, copyStream));
+    if (batched) {
+      void* dst = fetched;
+      const void* src = data;
+      size_t bytes = kTransferBytes, attributeIndex = 0;
+      cudaMemcpyAttributes attributes{};
+      attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      attributes.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+      TEST_CUDA_CHECK(cudaMemcpyBatchAsync(&dst, &src, &bytes, 1, &attributes, &attributeIndex, 1, copyStream));
+    } else {
+      TEST_CUDA_CHECK(cudaMemcpyAsync(fetched, data, kTransferBytes, cudaMemcpyDeviceToDevice, copyStream));
+    }
+    TEST_CUDA_CHECK(cudaEventRecord(transfer.stop, copyStream));
+    TEST_CUDA_CHECK(cudaEventSynchronize(transfer.stop));
+    *copyMs = transfer.ms();
+    if (nextToCompute) {
+      TEST_CUDA_CHECK(cudaEventSynchronize(compute.stop));
+      *computeMs = compute.ms();
+    }
+    return true;
+  };
+  for (bool batched : {false, true}) {
+    double aloneCopyMs = 0, busyCopyMs = 0, busyComputeMs = 0;
+    if (!timeLocalCopy(batched, false, &aloneCopyMs, nullptr) || !timeLocalCopy(batched, true, &busyCopyMs, &busyComputeMs)) {
+      return false;
+    }
+    printf("rank %d: local %zu MiB %s: alone %.2f ms; next to the compute kernel %.2f ms (compute %+.1f %%)\n",
+           env.rank, kTransferBytes >> 20,
+           batched ? "cudaMemcpyBatchAsync(PreferOverlapWithCompute)" : "cudaMemcpyAsync", aloneCopyMs, busyCopyMs,
+           100 * (busyComputeMs / aloneMs - 1.0));
+  }
+
+  // Contrast: plain SM copies launched just before the compute kernel.
+  if (!session.barrier(true)) return false;
+  TEST_CUDA_CHECK(cudaEventRecord(transfer.start, copyStream));
+  for (int i = 0; i < kSmCopies; ++i) {
+    smCopyKernel<<<sms, 1024, 0, copyStream>>>(static_cast<const int4*>(data), static_cast<int4*>(copy),
+                                               kTransferBytes * kTransfers / 16);
+  }
   TEST_CUDA_CHECK(cudaEventRecord(transfer.stop, copyStream));
   TEST_CUDA_CHECK(cudaEventRecord(compute.start, computeStream));
   computeKernel<<<computeBlocks, kComputeThreads, 0, computeStream>>>(sink, iterations);
@@ -164,19 +300,26 @@ bool run(const RankEnvironment& env, NcclSession& session) {
   TEST_CUDA_CHECK(cudaEventSynchronize(transfer.stop));
   const double withSmCopyMs = compute.ms(), smCopyMs = transfer.ms();
 
-  const double slowdown = withPpMs / aloneMs - 1.0;
+  const double slowdown = withPpMs / aloneMs - 1.0, fetchSlowdown = withFetchMs / aloneMs - 1.0;
   printf("rank %d: compute alone %.2f ms on %d SMs x %d blocks; next to %d x %zu MiB pipeline transfers %.2f ms "
-         "(%+.1f %%, transfers took %.2f ms); next to a plain SM copy of the same bytes %.2f ms (%+.1f %%, copy "
-         "took %.2f ms)\n",
+         "(%+.1f %%, transfers took %.2f ms); next to %lld zero-SM Engram fetches of 64 KiB rows %.2f ms (%+.1f %%, "
+         "fetch took %.2f ms, %.2f ms alone, %d SMs held); next to %d plain SM copies of %zu MiB %.2f ms (%+.1f %%, "
+         "copies took %.2f ms)\n",
          env.rank, aloneMs, sms, blocksPerSm, kTransfers, kTransferBytes >> 20, withPpMs, 100 * slowdown, ppMs,
-         withSmCopyMs, 100 * (withSmCopyMs / aloneMs - 1.0), smCopyMs);
+         static_cast<long long>(kRowsPerRank), withFetchMs, 100 * fetchSlowdown, fetchMs, fetchAloneMs, smsUsed,
+         kSmCopies, (kTransferBytes * kTransfers) >> 20, withSmCopyMs, 100 * (withSmCopyMs / aloneMs - 1.0), smCopyMs);
   check(slowdown < 0.05, "the compute kernel slows by less than 5 % next to pipeline transfers (" +
                              std::to_string(100 * slowdown) + " %)");
   check(ppMs < withPpMs * 1.05, "the transfers finish while the compute kernel runs");
+  check(fetchSlowdown < 0.05, "the compute kernel slows by less than 5 % next to Engram copy-engine fetches (" +
+                                  std::to_string(100 * fetchSlowdown) + " %)");
+  check(fetchMs < withFetchMs * 1.05, "the fetches finish while the compute kernel runs");
+  check(smsUsed == 0, "the copy-engine fetch reports 0 SMs held (" + std::to_string(smsUsed) + ")");
+  cudaFree(deviceIds);
   cudaFree(data);
   cudaFree(copy);
   cudaFree(sink);
-  return unifabPpDestroy(group) == unifabSuccess;
+  return unifabEngramDestroy(table) == unifabSuccess && unifabPpDestroy(group) == unifabSuccess;
 }
 
 }  // namespace
