@@ -163,11 +163,11 @@ for step in $steps; do
       ntrun "engram-random-$row" UNIFAB_ENGRAM_ROW_BYTES=$row UNIFAB_ENGRAM_RANDOM=1 "$b/engram_read_perf" -t 2 -g 1 -b 64M -e 64M -c 0 -n 20 -w 3
     done
     ntrun moe-dispatch-check UNIFAB_EP_ROUTING=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 14K -e 56M -f 8 -c 1 -n 5 -w 2
-    ntrun moe-combine-check UNIFAB_EP_ROUTING=1 "$b/moe_combine_perf" -t 2 -g 1 -b 14K -e 56M -f 8 -c 1 -n 5 -w 2
+    ntrun moe-combine-check UNIFAB_EP_ROUTING=1 "$b/moe_combine_perf" -d bfloat16 -t 2 -g 1 -b 14K -e 56M -f 8 -c 1 -n 5 -w 2
     ntrun moe-dispatch-graph UNIFAB_EP_ROUTING=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 56M -e 56M -c 1 -G 10 -n 30 -w 5
     ntrun moe-dispatch-bf16 "$b/moe_dispatch_perf" -t 2 -g 1 -b 56M -e 56M -c 0 -n 30 -w 5
     ntrun moe-dispatch-fp8 UNIFAB_EP_FP8=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 28M -e 28M -c 0 -n 30 -w 5
-    ntrun moe-combine-bf16 "$b/moe_combine_perf" -t 2 -g 1 -b 56M -e 56M -c 0 -n 30 -w 5
+    ntrun moe-combine-bf16 "$b/moe_combine_perf" -d bfloat16 -t 2 -g 1 -b 56M -e 56M -c 0 -n 30 -w 5
     ntrun moe-ll-dispatch UNIFAB_EP_MODE=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 1792K -e 1792K -c 0 -n 50 -w 10
     ;;
   tunesweep)

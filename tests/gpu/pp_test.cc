@@ -4,7 +4,10 @@
 // (a busy kernel) before some of them; the receives are then waited for in reverse order and
 // every received byte is checked. Sizes cross the chunk boundaries (1 B up to 64 MiB + 7, and
 // 1 GiB with --large); a small-slot configuration makes transfers rotate through the slots many
-// times. Also: the calls the group refuses.
+// times. The last receive buffer of each batch is pool memory, which CUDA IPC cannot map: those
+// transfers bounce through the window slots while the others are written straight in
+// (UNIFAB_PP_DIRECT=0, set by the small-slot entry, bounces every one). Also: the calls the group
+// refuses.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -46,9 +49,16 @@ bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<si
   size_t largest = 0;
   for (size_t s : sizes) largest = std::max(largest, s);
   std::vector<void*> sendBuf(batch, nullptr), recvBuf(batch, nullptr);
+  // The last receive buffer of a batch comes from the stream-ordered pool, which CUDA IPC cannot
+  // map: that transfer goes through the receiver's window slots, the others straight in.
   for (int i = 0; i < batch; ++i) {
     TEST_CUDA_CHECK(cudaMalloc(&sendBuf[i], std::max<size_t>(largest, 1)));
-    TEST_CUDA_CHECK(cudaMalloc(&recvBuf[i], std::max<size_t>(largest, 1)));
+    if (i == batch - 1 && batch > 1) {
+      TEST_CUDA_CHECK(cudaMallocAsync(&recvBuf[i], std::max<size_t>(largest, 1), nullptr));
+      TEST_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    } else {
+      TEST_CUDA_CHECK(cudaMalloc(&recvBuf[i], std::max<size_t>(largest, 1)));
+    }
   }
   unsigned long long* mismatches = nullptr;
   TEST_CUDA_CHECK(cudaMalloc(&mismatches, sizeof(unsigned long long) * batch));
@@ -89,9 +99,14 @@ bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<si
     check(unifabPpGetAsyncError(group) == unifabSuccess, what + " round " + std::to_string(round) + ": no timeout");
     ok = session.barrier(true);
   }
+  TEST_CUDA_CHECK(cudaDeviceSynchronize());
   for (int i = 0; i < batch; ++i) {
     cudaFree(sendBuf[i]);
-    cudaFree(recvBuf[i]);
+    if (i == batch - 1 && batch > 1) {
+      cudaFreeAsync(recvBuf[i], nullptr);
+    } else {
+      cudaFree(recvBuf[i]);
+    }
   }
   cudaFree(mismatches);
   return ok;
