@@ -1,6 +1,8 @@
 #include "collectives/pp/pp_group.h"
 
 #include <algorithm>
+#include <map>
+#include <string>
 
 #include "collectives/common/copy_engine.h"
 #include "collectives/common/cuda_check.h"
@@ -165,11 +167,17 @@ using unifab::collectives::copyEngineCopy;
 
 namespace {
 
-// Per rank in the window's exchange area: the inbox name, then the interprocess event handles of
-// its receives from each LSA peer ([peer][ring]).
+// Per rank in the window's exchange area: the inbox name (which names the process too), then the
+// interprocess event handles of its receives from each LSA peer ([peer][ring]).
 size_t exchangeBytesPerRank(int lsaSize) {
   return pp::Inbox::kNameBytes + sizeof(cudaIpcEventHandle_t) * static_cast<size_t>(lsaSize) * pp::Inbox::kRing;
 }
+
+// The groups of this process by inbox name: a peer driven by another thread of this process (one
+// GPU per thread) shares its events and buffers directly, since CUDA IPC refuses to open a handle
+// in the process that made it.
+std::mutex g_groupsMutex;
+std::map<std::string, unifabPpGroup*> g_groups;
 
 }  // namespace
 
@@ -244,7 +252,12 @@ Result unifabPpGroup::exchangeRendezvous() {
   }
   char* local = window_->localBase();
   UF_CUDA_CHECK(cudaMemcpy(local + exchangeOffset() + perRank * myIndex_, mine.data(), perRank, cudaMemcpyHostToDevice));
+  {
+    std::lock_guard<std::mutex> lock(g_groupsMutex);
+    g_groups[myInbox_->name()] = this;
+  }
   UF_CHECK(comm_->barrier());
+  const std::string myProcess = pp::Inbox::processOf(myInbox_->name());
   std::vector<char> theirs(perRank);
   for (int p = 0; p < lsaSize_; ++p) {
     Peer& peer = peers_[p];
@@ -257,6 +270,25 @@ Result unifabPpGroup::exchangeRendezvous() {
                              cudaMemcpyDeviceToHost));
     theirs[pp::Inbox::kNameBytes - 1] = '\0';
     UF_CHECK(pp::Inbox::open(theirs.data(), lsaSize_, &peer.inbox));
+    if (pp::Inbox::processOf(theirs.data()) == myProcess) {
+      unifabPpGroup* other = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(g_groupsMutex);
+        auto found = g_groups.find(theirs.data());
+        if (found != g_groups.end()) other = found->second;
+      }
+      if (other == nullptr) {
+        return UF_ERROR(unifabInternalError, kExt, "rank %d's pipeline group shares this process but is not registered",
+                        firstLsaRank_ + p);
+      }
+      peer.sameProcess = true;
+      peer.writableEvents = other->peers_[myIndex_].recvEvents;
+      // Copies between two GPUs of one process go straight over NVLink once peer access is on.
+      const cudaError_t enabled = cudaDeviceEnablePeerAccess(other->comm_->cudaDevice(), 0);
+      if (enabled == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+      else UF_CUDA_CHECK(enabled);
+      continue;
+    }
     const auto* peerHandles = reinterpret_cast<const cudaIpcEventHandle_t*>(theirs.data() + pp::Inbox::kNameBytes);
     peer.writableEvents.assign(pp::Inbox::kRing, nullptr);
     for (int k = 0; k < pp::Inbox::kRing; ++k) {
@@ -269,6 +301,10 @@ Result unifabPpGroup::exchangeRendezvous() {
 }
 
 unifabPpGroup::~unifabPpGroup() {
+  if (myInbox_) {
+    std::lock_guard<std::mutex> lock(g_groupsMutex);
+    g_groups.erase(myInbox_->name());
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -282,7 +318,7 @@ unifabPpGroup::~unifabPpGroup() {
     for (int p = 0; p < static_cast<int>(peers_.size()); ++p) {
       Peer& peer = peers_[p];
       for (const PendingSend& s : peer.pending) UF_CUDA_WARN(cudaEventDestroy(s.reached));
-      if (p != myIndex_) {
+      if (p != myIndex_ && !peer.sameProcess) {
         for (cudaEvent_t e : peer.writableEvents) {
           if (e != nullptr) UF_CUDA_WARN(cudaEventDestroy(e));
         }
@@ -415,7 +451,7 @@ Result unifabPpGroup::issue(int to, const PendingSend& s, const pp::RecvDescript
   const bool direct = d.direct != 0;
   const uint64_t offset = d.offset;
   char* base = reinterpret_cast<char*>(d.address);
-  if (direct && s.bytes > 0 && to != myIndex_) {
+  if (direct && s.bytes > 0 && to != myIndex_ && !p.sameProcess) {
     UF_CHECK(importer_.map(to, d, &base));
     base += offset;
   }
@@ -439,6 +475,8 @@ Result unifabPpGroup::issue(int to, const PendingSend& s, const pp::RecvDescript
   }
   UF_CHECK(ops_->write(cs, flag(theirs, transferReadyOffset(myIndex_)), s.sequence));
   UF_CHECK(ops_->write(cs, flag(window_->localBase(), sendDoneOffset(to)), s.sequence));
+  UF_INFO(kExt, kLogProxy, "PP: transfer %llu to rank %d issued (%zu bytes, %s)",
+          static_cast<unsigned long long>(s.sequence), peerRank, s.bytes, direct ? "direct" : "through the slots");
   return unifabSuccess;
 }
 
@@ -499,8 +537,8 @@ Result unifabPpGroup::recv(void* data, size_t bytes, int peer, cudaStream_t stre
   }
   pp::RecvDescriptor posted{};
   bool mappable = false;
-  if (direct_ && bytes > 0 && from != myIndex_) UF_CHECK(exporter_.describe(data, &posted, &mappable));
-  const bool direct = bytes == 0 || mappable || (direct_ && from == myIndex_);
+  if (direct_ && bytes > 0 && from != myIndex_ && !p.sameProcess) UF_CHECK(exporter_.describe(data, &posted, &mappable));
+  const bool direct = bytes == 0 || mappable || (direct_ && (from == myIndex_ || p.sameProcess));
   // The buffer is writable once the stream gets here.
   UF_CUDA_CHECK(cudaEventRecord(p.recvEvents[(sequence - 1) % pp::Inbox::kRing], stream));
   pp::RecvDescriptor& entry = p.inbox->entry(myIndex_, sequence);
@@ -511,6 +549,8 @@ Result unifabPpGroup::recv(void* data, size_t bytes, int peer, cudaStream_t stre
   entry.address = reinterpret_cast<uintptr_t>(data);
   entry.allocation = posted.allocation;
   entry.sequence.store(sequence, std::memory_order_release);
+  UF_INFO(kExt, kLogProxy, "PP: receive %llu from rank %d posted (%zu bytes, %s)", static_cast<unsigned long long>(sequence),
+          peer, bytes, direct ? "direct" : "through the slots");
   p.receivedTransfers = sequence;
   pendingChanged_.notify_all();
   char* mine = window_->localBase();

@@ -109,6 +109,7 @@ struct unifabPpGroup {
     std::deque<PendingSend> pending;          // sends not yet issued (their receive not posted)
     uint64_t sentTransfers = 0, receivedTransfers = 0;
     uint64_t sentChunks = 0, receivedChunks = 0;  // through the slots
+    bool sameProcess = false;  // driven by another thread of this process: no IPC in between
   };
 
   unifabPpGroup() = default;

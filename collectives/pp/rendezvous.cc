@@ -64,6 +64,13 @@ Result Inbox::open(const char* name, int peers, std::unique_ptr<Inbox>* out) {
   return unifabSuccess;
 }
 
+std::string Inbox::processOf(const char* name) {
+  // "/unifab-pp-PID-COUNT-ADDRESS": the prefix up to the PID's end.
+  const char* afterPrefix = name + strlen("/unifab-pp-");
+  const char* dash = strchr(afterPrefix, '-');
+  return dash == nullptr ? std::string(name) : std::string(name, dash - name);
+}
+
 void Inbox::unlink() {
   if (owner_) shm_unlink(name_.c_str());
   owner_ = false;

@@ -49,6 +49,8 @@ class Inbox {
   Inbox& operator=(const Inbox&) = delete;
 
   const char* name() const { return name_.c_str(); }
+  // The part of an inbox name that identifies the process that made it.
+  static std::string processOf(const char* name);
   void unlink();
   RecvDescriptor& entry(int peer, uint64_t sequence);
   std::atomic<uint64_t>& taken(int peer);
