@@ -12,6 +12,7 @@
 
 using unifab::Result;
 using unifab::kLogInit;
+using unifab::kLogProxy;
 
 namespace unifab::collectives::pp {
 namespace {
