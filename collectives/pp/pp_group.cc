@@ -22,6 +22,7 @@ constexpr int kDefaultSlots = 4;
 constexpr size_t kMaxChunkBytes = size_t{1} << 30;
 constexpr int kMaxSlots = 64;
 constexpr auto kWatchPeriod = std::chrono::milliseconds(1);
+constexpr auto kProxySpin = std::chrono::milliseconds(2);  // busy polling of a posted send's receive
 
 }  // namespace
 
@@ -488,12 +489,15 @@ void unifabPpGroup::proxyLoop() {
     return;
   }
   std::unique_lock<std::mutex> lock(mutex_);
+  auto pollingSince = std::chrono::steady_clock::now();
+  bool polling = false;
   while (!stopping_) {
-    bool waiting = false;
+    bool waiting = false, progressed = false;
     for (int to = 0; to < lsaSize_; ++to) {
       bool issued = true;
       while (issued) {
         const Result r = issueReady(to, &issued);
+        progressed = progressed || issued;
         if (r != unifabSuccess) {
           UF_WARN(kExt, "pipeline send/recv: issuing a send failed (%s); the group is unusable",
                   unifab::lastErrorMessage());
@@ -502,11 +506,20 @@ void unifabPpGroup::proxyLoop() {
       waiting = waiting || !peers_[to].pending.empty();
     }
     if (waiting) {
-      // A receive is posted by another process: poll its inbox entry, briefly.
+      // The receive is posted by another process: poll its inbox entry, spinning for a while (a
+      // transfer's latency includes this poll), then every 20 us.
+      const auto now = std::chrono::steady_clock::now();
+      if (!polling || progressed) pollingSince = now;
+      polling = true;
       lock.unlock();
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      if (now - pollingSince < pp::kProxySpin) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
       lock.lock();
     } else {
+      polling = false;
       pendingChanged_.wait(lock);
     }
   }
