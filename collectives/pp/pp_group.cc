@@ -26,11 +26,23 @@ constexpr auto kProxySpin = std::chrono::milliseconds(2);  // busy polling of a 
 
 }  // namespace
 
+// A stream memory wait blocks the hardware queue it sits in, and with it any other stream the
+// driver mapped to that queue: a copy stream queued behind a caller's receive wait that needs
+// the peer's copy stream, which is queued behind the peer's receive wait, is a deadlock no stream
+// order shows (measured: transfers that hung at random points). Streams of the highest priority
+// are queued apart from the callers' default-priority streams.
+cudaError_t createUrgentStream(cudaStream_t* stream) {
+  int leastPriority = 0, greatestPriority = 0;
+  cudaError_t status = cudaDeviceGetStreamPriorityRange(&leastPriority, &greatestPriority);
+  if (status != cudaSuccess) return status;
+  return cudaStreamCreateWithPriority(stream, cudaStreamNonBlocking, greatestPriority);
+}
+
 WaitWatchdog::WaitWatchdog(int device, int64_t timeoutMs) : device_(device), timeout_(timeoutMs) {}
 
 Result WaitWatchdog::start() {
   unifab::collectives::DeviceGuard guard(device_);
-  UF_CUDA_CHECK(cudaStreamCreateWithFlags(&releaseStream_, cudaStreamNonBlocking));
+  UF_CUDA_CHECK(pp::createUrgentStream(&releaseStream_));
   UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&releaseValues_), sizeof(uint64_t) * kReleaseSlots,
                               cudaHostAllocDefault));
   thread_ = std::thread([this] { run(); });
@@ -223,7 +235,7 @@ Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t& config, un
   UF_CHECK(group->watchdog_->start());
   UF_CHECK(pp::Inbox::create(group->lsaSize_, &group->myInbox_));
   for (Peer& peer : group->peers_) {
-    UF_CUDA_CHECK(cudaStreamCreateWithFlags(&peer.copyStream, cudaStreamNonBlocking));
+    UF_CUDA_CHECK(pp::createUrgentStream(&peer.copyStream));
     peer.recvEvents.assign(pp::Inbox::kRing, nullptr);
     for (cudaEvent_t& e : peer.recvEvents) {
       UF_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess));

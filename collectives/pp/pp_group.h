@@ -22,6 +22,9 @@
 
 namespace unifab::collectives::pp {
 
+// A non-blocking stream of the device's highest priority (see pp_group.cc for why).
+cudaError_t createUrgentStream(cudaStream_t* stream);
+
 // Releases stream waits that last too long. Each wait is bracketed by two events on its stream:
 // the first completes when the stream reaches the wait (the clock starts then, not when the wait
 // was posted behind other work), the second when the wait is over. A wait still blocked after the
