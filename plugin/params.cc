@@ -95,10 +95,6 @@ const std::vector<ParamEntry>& entries() {
         "How long a pipeline send or receive may wait on its peer, once its stream reaches the wait, "
         "before the group's watchdog releases it and reports a timeout"},
        1, 86400000, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.ppTimeoutMs = v; }},
-      {{"UNIFAB_PP_DIRECT", ParamType::kBool, "1", "0 or 1",
-        "Pipeline send writes straight into a receive buffer that CUDA IPC can map (no SM on either "
-        "GPU); 0 always bounces through the receiver's window slots (the receiver copies out with a kernel)"},
-       0, 1, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.ppDirect = v != 0; }},
       {{"UNIFAB_EP_VALIDATE", ParamType::kBool, "0", "0 or 1",
         "Check expert ids on the host before every dispatch (synchronises the stream); otherwise the "
         "GPU checks them and reports a bad id through the group's error"},

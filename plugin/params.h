@@ -35,7 +35,6 @@ struct Params {
   // collectives/
   int64_t epTimeoutMs;           // UNIFAB_EP_TIMEOUT_MS
   int64_t ppTimeoutMs;           // UNIFAB_PP_TIMEOUT_MS
-  bool ppDirect;                 // UNIFAB_PP_DIRECT
   bool epValidateOnHost;         // UNIFAB_EP_VALIDATE
   bool epTrace;                  // UNIFAB_EP_TRACE
 };

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -16,14 +15,10 @@
 #include <vector>
 
 #include "collectives/common/symmetric.h"
-#include "collectives/pp/rendezvous.h"
 #include "collectives/pp/stream_ops.h"
 #include "unifab/unifab.h"
 
 namespace unifab::collectives::pp {
-
-// A non-blocking stream of the device's highest priority (see pp_group.cc for why).
-cudaError_t createUrgentStream(cudaStream_t* stream);
 
 // Releases stream waits that last too long. Each wait is bracketed by two events on its stream:
 // the first completes when the stream reaches the wait (the clock starts then, not when the wait
@@ -80,15 +75,6 @@ class WaitWatchdog {
 
 }  // namespace unifab::collectives::pp
 
-// A transfer is matched by its sequence number per (sender, receiver), in posting order. The
-// receiver posts where its buffer is (a descriptor in the sender's shared-memory inbox) and, on
-// its stream, an interprocess event that says the buffer may be written. The sender's copy runs
-// on a stream of its own per peer, once both its caller's stream and the receiver's have reached
-// the transfer: straight into the receive buffer when CUDA IPC can map it (one copy-engine copy,
-// no SM), else through the receiver's window slots (chunked; the receiver then copies the chunks
-// out on its stream, which a GPU does with a kernel). Each side's stream then waits, with a
-// stream memory wait the watchdog bounds, for the flag that says its part is done. Sends whose
-// receiver has not posted yet are issued by the group's proxy thread.
 struct unifabPpGroup {
   static unifab::Result create(ncclComm_t comm, const unifabPpConfig_t& config, unifabPpGroup** out);
   ~unifabPpGroup();
@@ -98,45 +84,16 @@ struct unifabPpGroup {
   unifab::Result asyncError() const;
 
  private:
-  struct PendingSend {
-    uint64_t sequence;
-    const char* data;
-    size_t bytes;
-    cudaEvent_t reached;  // the caller's stream reached the send
-  };
-  struct Peer {  // this rank's state towards one LSA peer
-    cudaStream_t copyStream = nullptr;       // the sends' copies to this peer, in sequence order
-    std::vector<cudaEvent_t> recvEvents;     // interprocess, recorded by our receives from this peer
-    std::vector<cudaEvent_t> writableEvents; // the peer's recvEvents for us, opened here
-    std::unique_ptr<unifab::collectives::pp::Inbox> inbox;  // the peer's inbox (ours for ourselves)
-    std::deque<PendingSend> pending;          // sends not yet issued (their receive not posted)
-    uint64_t sentTransfers = 0, receivedTransfers = 0;
-    uint64_t sentChunks = 0, receivedChunks = 0;  // through the slots
-    bool sameProcess = false;  // driven by another thread of this process: no IPC in between
-  };
-
   unifabPpGroup() = default;
   // The peer's index among this rank's LSA peers, or an error naming why it cannot be reached.
   unifab::Result lsaIndex(int peer, int* index) const;
   unifab::Result checkCall(const void* data, size_t bytes, int peer, cudaStream_t stream, int* index) const;
-  unifab::Result exchangeRendezvous();
-  // Issues the oldest pending send to LSA peer `to` if its receive is posted; *issued says so.
-  unifab::Result issueReady(int to, bool* issued);
-  unifab::Result issue(int to, const PendingSend& s, const unifab::collectives::pp::RecvDescriptor& d);
-  void proxyLoop();
-  unifab::Result takeEvent(cudaEvent_t* event);
   // Byte offsets in every rank's window: chunk slot `slot` of source `source` (LSA index), and the
-  // flags: ready[source][slot] (written by the source: that chunk has landed), freed[reader][slot]
-  // (written by the reader of our chunks: it has copied them out), transferReady[source] (the
-  // source's latest transfer to us is complete), sendDone[peer] (our latest send to the peer is
-  // complete), and the rendezvous exchange area of every rank.
+  // flags: ready[source][slot] (written by the source: that chunk has landed) and
+  // freed[reader][slot] (written by the reader of our chunks: it has copied them out).
   size_t slotOffset(int source, int slot) const;
   size_t readyOffset(int source, int slot) const;
   size_t freedOffset(int reader, int slot) const;
-  size_t transferReadyOffset(int source) const;
-  size_t sendDoneOffset(int peer) const;
-  size_t exchangeOffset() const;
-  uint64_t* flag(char* base, size_t offset) const { return reinterpret_cast<uint64_t*>(base + offset); }
 
   std::shared_ptr<unifab::collectives::DeviceComm> comm_;
   std::unique_ptr<unifab::collectives::SymmetricWindow> window_;
@@ -148,15 +105,7 @@ struct unifabPpGroup {
   int firstLsaRank_ = 0;
   int myIndex_ = 0;
   size_t flagsBase_ = 0;
-  bool direct_ = true;  // UNIFAB_PP_DIRECT
-  std::unique_ptr<unifab::collectives::pp::Inbox> myInbox_;
-  unifab::collectives::pp::BufferExporter exporter_;
-  unifab::collectives::pp::BufferImporter importer_;
-  mutable std::mutex mutex_;  // everything below and above that calls change, and posting order
-  std::vector<Peer> peers_;
-  std::vector<cudaEvent_t> spareEvents_;
-  std::condition_variable pendingChanged_;
-  bool stopping_ = false;
-  std::atomic<bool> failed_{false};  // the proxy could not issue a transfer: the group is unusable
-  std::thread proxy_;
+  mutable std::mutex mutex_;         // the counters below, and the order of posted operations
+  std::vector<uint64_t> sentTo_;     // chunks sent to each LSA peer so far
+  std::vector<uint64_t> receivedFrom_;
 };

@@ -4,10 +4,8 @@
 // (a busy kernel) before some of them; the receives are then waited for in reverse order and
 // every received byte is checked. Sizes cross the chunk boundaries (1 B up to 64 MiB + 7, and
 // 1 GiB with --large); a small-slot configuration makes transfers rotate through the slots many
-// times. The last receive buffer of each batch is pool memory, which CUDA IPC cannot map: those
-// transfers bounce through the window slots while the others are written straight in
-// (UNIFAB_PP_DIRECT=0, set by the small-slot entry, bounces every one). Also: the calls the group
-// refuses.
+// times. The last receive buffer of each batch is stream-ordered pool memory (receive buffers of
+// any allocator). Also: the calls the group refuses.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -49,8 +47,7 @@ bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<si
   size_t largest = 0;
   for (size_t s : sizes) largest = std::max(largest, s);
   std::vector<void*> sendBuf(batch, nullptr), recvBuf(batch, nullptr);
-  // The last receive buffer of a batch comes from the stream-ordered pool, which CUDA IPC cannot
-  // map: that transfer goes through the receiver's window slots, the others straight in.
+  // The last receive buffer of a batch comes from the stream-ordered pool.
   for (int i = 0; i < batch; ++i) {
     TEST_CUDA_CHECK(cudaMalloc(&sendBuf[i], std::max<size_t>(largest, 1)));
     if (i == batch - 1 && batch > 1) {
