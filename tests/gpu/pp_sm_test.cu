@@ -176,7 +176,7 @@ bool run(const RankEnvironment& env, NcclSession& session) {
   }
 
   // Compute next to zero-SM Engram fetches: every rank reads all of the next rank's rows,
-  // shuffled (no two adjacent: one copy per row), with the copy engine.
+  // shuffled (so nearly every row is a copy of its own), with the copy engine.
   const int peer = (env.rank + 1) % env.nRanks;
   unifabEngramConfig_t tableConfig = UNIFAB_ENGRAM_CONFIG_INIT;
   tableConfig.rowBytes = kRowBytes;
