@@ -104,7 +104,8 @@ void WaitWatchdog::release(Watched& w) {
   if (first) {
     UF_WARN(kExt,
             "pipeline send/recv: %s rank %d (chunk %llu) waited more than UNIFAB_PP_TIMEOUT_MS=%lld ms (the peer did "
-            "not post its matching call); released it%s; the group is unusable and releases its waits from now on",
+            "not post its matching call, or its host is blocked posting more work than its streams' command queues "
+            "hold); released it%s; the group is unusable and releases its waits from now on",
             w.what, w.peer, static_cast<unsigned long long>(w.value), static_cast<long long>(timeout_.count()),
             written == cudaSuccess ? "" : " (the release failed too)");
   } else if (releases_ < kReleasesLogged) {
@@ -244,6 +245,13 @@ Result unifabPpGroup::checkCall(const void* data, size_t bytes, int peer, cudaSt
   UF_CHECK(asyncError());
   UF_CHECK(lsaIndex(peer, index));
   if (bytes > 0 && data == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "data=NULL with bytes=%zu", bytes);
+  if (pp::chunkCount(bytes, chunkBytes_) > pp::kMaxChunksPerCall) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "bytes=%zu needs %zu chunks of the group's %zu-byte slots; a call takes at most %zu (%zu bytes): "
+                    "split the transfer or create the group with a larger chunkBytes",
+                    bytes, pp::chunkCount(bytes, chunkBytes_), chunkBytes_, pp::kMaxChunksPerCall,
+                    pp::kMaxChunksPerCall * chunkBytes_);
+  }
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   UF_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) {

@@ -18,6 +18,16 @@ struct Chunk {
   uint64_t reuseAfter;  // the receiver must have released this sequence before the slot is written; 0: none
 };
 
+// A call posts about five stream commands per chunk on the caller's stream, and the driver's
+// command queue of a stream is finite: once it is full, the posting call blocks the host until
+// the GPU drains it. A send that fills it before its peer's receive is posted, while the peer's
+// host is likewise blocked in its own send, never returns (measured: a 64 MiB transfer in 64 KiB
+// chunks, 1025 of them, stopped both ranks). Calls are therefore held to a number of chunks that
+// was measured to post without blocking (1 GiB in 8 MiB chunks).
+constexpr size_t kMaxChunksPerCall = 128;
+
+inline size_t chunkCount(size_t bytes, size_t slotBytes) { return (bytes + slotBytes - 1) / slotBytes; }
+
 // Chunks of a `bytes`-byte transfer that follows `sent` earlier chunks in the same direction.
 inline std::vector<Chunk> planChunks(size_t bytes, size_t slotBytes, int slots, uint64_t sent) {
   std::vector<Chunk> chunks;

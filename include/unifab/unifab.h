@@ -248,9 +248,12 @@ UNIFAB_API unifabResult_t unifabEpLowLatencyCombine(unifabEpGroup_t group, unifa
 UNIFAB_API unifabResult_t unifabEpGetAsyncError(unifabEpGroup_t group);
 
 /* ============================================================================================
- * Pipeline send/recv on an existing NCCL communicator, with no SM: the copy engine moves each
- * chunk into a slot of the receiver's registered window, and stream memory operations (wait and
- * write of 64-bit values) announce chunks and release slots. Both ranks must be LSA peers (one
+ * Pipeline send/recv on an existing NCCL communicator: the sender's copy engine moves each chunk
+ * into a slot of the receiver's registered window (no SM on the sender), the receiver copies it
+ * out into its buffer (a same-GPU copy, which the CUDA driver runs on SMs), and stream memory
+ * operations (wait and write of 64-bit values) announce chunks and release slots. One call takes
+ * at most 128 chunks (1 GiB with the default 8 MiB chunks); a larger one is refused with
+ * unifabInvalidArgument before anything is posted. Both ranks must be LSA peers (one
  * NVLink domain). A rank's sends to a peer match that peer's receives from it in posting order,
  * and matched sizes must be equal. A transfer larger than the peer's slots (chunksInFlight x
  * chunkBytes) proceeds as the receiver drains them: post the matching receive on a stream that

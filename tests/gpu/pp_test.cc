@@ -109,8 +109,11 @@ bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<si
   return ok;
 }
 
-bool runRefusals(NcclSession& session, unifabPpGroup_t group) {
+bool runRefusals(NcclSession& session, unifabPpGroup_t group, size_t chunk) {
   cudaStream_t stream = session.stream();
+  // More chunks than a call may post: refused before anything is posted (a pointer is never read).
+  check(unifabPpSend(group, reinterpret_cast<void*>(16), 128 * chunk + 1, 0, stream) == unifabInvalidArgument,
+        "a transfer of more than 128 chunks is refused");
   check(unifabPpSend(group, nullptr, 16, 0, stream) == unifabInvalidArgument, "data=NULL with bytes is refused");
   check(unifabPpSend(group, nullptr, 0, session.nRanks(), stream) == unifabInvalidArgument,
         "a peer outside the communicator is refused");
@@ -187,9 +190,10 @@ int main(int argc, char** argv) {
     ok = runWatchdog(session, group);
   } else {
     const size_t chunk = smallSlots ? size_t{64} << 10 : size_t{8} << 20;
-    std::vector<size_t> sizes = {1, 15, 4096, (size_t{1} << 20) + 3, chunk, chunk + 1, 3 * chunk + 5,
-                                 (size_t{64} << 20) + 7, 0};
-    ok = runRefusals(session, group) && runRounds(session, group, sizes, rounds, 4, smallSlots ? "small slots" : "default");
+    // The largest transfer a call takes (kMaxChunksPerCall chunks), or 64 MiB + 7 when that is less.
+    const size_t largest = std::min((size_t{64} << 20) + 7, 128 * chunk);
+    std::vector<size_t> sizes = {1, 15, 4096, (size_t{1} << 20) + 3, chunk, chunk + 1, 3 * chunk + 5, largest, 0};
+    ok = runRefusals(session, group, chunk) && runRounds(session, group, sizes, rounds, 4, smallSlots ? "small slots" : "default");
     if (ok && large) ok = runRounds(session, group, {size_t{1} << 30}, 2, 1, "1 GiB");
   }
   if (!ok) {

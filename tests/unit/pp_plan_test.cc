@@ -7,6 +7,8 @@
 namespace {
 
 using unifab::collectives::pp::Chunk;
+using unifab::collectives::pp::chunkCount;
+using unifab::collectives::pp::kMaxChunksPerCall;
 using unifab::collectives::pp::planChunks;
 
 TEST(PpPlan, CoversEveryByteOnceInOrder) {
@@ -40,6 +42,15 @@ TEST(PpPlan, SequencesContinueAndSlotsRotate) {
       EXPECT_EQ(all[i - 4].slot, all[i].slot);
     }
   }
+}
+
+TEST(PpPlan, ChunkCountMatchesThePlan) {
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{99}, size_t{100}, size_t{101}, size_t{12800}, size_t{12801}}) {
+    EXPECT_EQ(chunkCount(bytes, 100), planChunks(bytes, 100, 4, 0).size()) << bytes;
+  }
+  // The default group (8 MiB slots) takes 1 GiB in one call and no more.
+  EXPECT_EQ(chunkCount(size_t{1} << 30, size_t{8} << 20), kMaxChunksPerCall);
+  EXPECT_GT(chunkCount((size_t{1} << 30) + 1, size_t{8} << 20), kMaxChunksPerCall);
 }
 
 }  // namespace
