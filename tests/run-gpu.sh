@@ -130,6 +130,9 @@ for step in $steps; do
     done
     ;;
   pp)
+    say "== unifab-bench copy-routes: which copies stay off the SMs (the zero-SM operations depend on it)"
+    "$bench" copy-routes --bytes 256M --busy-ms 40 >"$logs/copy-routes.txt" 2>&1 || failed=1
+    tee -a "$summary" <"$logs/copy-routes.txt"
     say "== unifab-bench pp, rank 0 -> rank 1"
     "$bench" pp --min 4K --max 1G --factor 4 --iters 20 --warmup 3 --csv "$logs/pp.csv" >"$logs/pp.txt" 2>&1 || failed=1
     tee -a "$summary" <"$logs/pp.txt"

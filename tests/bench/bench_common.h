@@ -39,5 +39,6 @@ int runEp(Args& args, const char* self);
 int runPp(Args& args, const char* self);
 int runEngram(Args& args, const char* self);
 int runTuneSweep(Args& args, const char* self);
+int runCopyRoutes(Args& args);
 
 }  // namespace unifab::bench

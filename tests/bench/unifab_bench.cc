@@ -6,6 +6,7 @@
 //   unifab-bench pp   [...]      pipeline send/recv between two GPUs
 //   unifab-bench engram [...]    Engram row fetches from the peer GPU
 //   unifab-bench tune-sweep [...] every NCCL algorithm x protocol x channel count against the tuner
+//   unifab-bench copy-routes [...] which device-to-device copy routes stay off the SMs
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -18,7 +19,7 @@ namespace {
 
 void usage() {
   printf(
-      "usage: unifab-bench [net|coll|ep|pp|engram|tune-sweep] [options]\n"
+      "usage: unifab-bench [net|coll|ep|pp|engram|tune-sweep|copy-routes] [options]\n"
       "  (no command: ep over all local GPUs, or net where there is no GPU)\n"
       "  net   --min BYTES --max BYTES --window N --seconds S\n"
       "        bandwidth and latency of the ncclNet table over loopback (two comms, two threads)\n"
@@ -37,7 +38,9 @@ void usage() {
       "        Engram fetches of random peer rows per engine and SM count, against a plain gather kernel\n"
       "  tune-sweep --ops LIST --channels LIST --protocols LIST --min B --max B --factor F --iters N\n"
       "        --net nvlink|unifab --out DIR: every forced NCCL configuration, NCCL's default and\n"
-      "        unifab's tuner; per size the best configuration and both gaps (DIR/summary.csv)\n");
+      "        unifab's tuner; per size the best configuration and both gaps (DIR/summary.csv)\n"
+      "  copy-routes --bytes BYTES --busy-ms MS\n"
+      "        each device-to-device copy route alone and next to a kernel holding every SM (one process)\n");
 }
 
 }  // namespace
@@ -72,6 +75,10 @@ int main(int argc, char** argv) {
   if (command == "engram") {
     unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
     return unifab::bench::runEngram(args, argv[0]);
+  }
+  if (command == "copy-routes") {
+    unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
+    return unifab::bench::runCopyRoutes(args);
   }
   if (command == "pp") {
     unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
