@@ -35,6 +35,7 @@ struct Params {
   // collectives/
   int64_t epTimeoutMs;           // UNIFAB_EP_TIMEOUT_MS
   int64_t ppTimeoutMs;           // UNIFAB_PP_TIMEOUT_MS
+  std::string ppEngine;          // UNIFAB_PP_ENGINE: slots or rendezvous
   bool epValidateOnHost;         // UNIFAB_EP_VALIDATE
   bool epTrace;                  // UNIFAB_EP_TRACE
 };

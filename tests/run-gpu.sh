@@ -136,6 +136,10 @@ for step in $steps; do
     say "== unifab-bench pp, rank 0 -> rank 1"
     "$bench" pp --min 4K --max 1G --factor 4 --iters 20 --warmup 3 --csv "$logs/pp.csv" >"$logs/pp.txt" 2>&1 || failed=1
     tee -a "$summary" <"$logs/pp.txt"
+    say "== unifab-bench pp, rendezvous engine (UNIFAB_PP_ENGINE=rendezvous)"
+    UNIFAB_PP_ENGINE=rendezvous UNIFAB_PP_TIMEOUT_MS=20000 "$bench" pp --min 4K --max 1G --factor 4 --iters 20 --warmup 3 \
+      --csv "$logs/pp-rendezvous.csv" >"$logs/pp-rendezvous.txt" 2>&1 || failed=1
+    tee -a "$summary" <"$logs/pp-rendezvous.txt"
     ;;
   engram)
     say "== unifab-bench engram, random rows of the peer GPU"

@@ -137,6 +137,8 @@ Result DeviceComm::acquire(ncclComm_t comm, std::shared_ptr<DeviceComm>* out) {
   return unifabSuccess;
 }
 
+Result DeviceComm::barrier() const { return hostBarrier(*this); }
+
 DeviceComm::~DeviceComm() {
   if (comm_ == nullptr) return;
   DeviceGuard guard(cudaDevice_);

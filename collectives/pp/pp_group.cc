@@ -1,6 +1,8 @@
 #include "collectives/pp/pp_group.h"
 
 #include <algorithm>
+#include <string>
+#include <thread>
 
 #include "collectives/common/copy_engine.h"
 #include "collectives/common/cuda_check.h"
@@ -194,15 +196,28 @@ Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t& config, un
   group->firstLsaRank_ = dc.rank() - dc.lsaRank();
   group->myIndex_ = dc.lsaRank();
   group->flagsBase_ = static_cast<size_t>(group->lsaSize_) * slots * chunkBytes;
-  const size_t windowBytes = group->flagsBase_ + 2 * sizeof(uint64_t) * group->lsaSize_ * slots;
+  group->rendezvous_ = unifab::params().ppEngine == "rendezvous";
+  const size_t windowBytes = group->namesOffset() + pp::Inbox::kNameBytes * group->lsaSize_;
   group->sentTo_.assign(group->lsaSize_, 0);
   group->receivedFrom_.assign(group->lsaSize_, 0);
   // The watchdog before the collective window creation: a rank must not fail between the two.
   group->watchdog_ = std::make_unique<pp::WaitWatchdog>(dc.cudaDevice(), unifab::params().ppTimeoutMs);
   UF_CHECK(group->watchdog_->start());
+  if (group->rendezvous_) {
+    UF_CHECK(pp::Inbox::create(group->lsaSize_, &group->myInbox_));
+    group->rendezvousPeers_.resize(group->lsaSize_);
+    for (RendezvousPeer& peer : group->rendezvousPeers_) {
+      for (std::vector<cudaEvent_t>& ends : peer.callEnds) {
+        ends.assign(pp::Inbox::kRing, nullptr);
+        for (cudaEvent_t& e : ends) UF_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      }
+    }
+  }
   UF_CHECK(unifab::collectives::SymmetricWindow::create(group->comm_, windowBytes, &group->window_));
-  UF_INFO(kExt, kLogInit, "PP group: rank %d, %d NVLink peers, %d slots of %zu KiB per peer (window %zu MiB)",
-          dc.rank(), group->lsaSize_, slots, chunkBytes >> 10, windowBytes >> 20);
+  if (group->rendezvous_) UF_CHECK(group->setUpRendezvous());
+  UF_INFO(kExt, kLogInit, "PP group: rank %d, %d NVLink peers, %s engine, %d slots of %zu KiB per peer (window %zu MiB)",
+          dc.rank(), group->lsaSize_, group->rendezvous_ ? "rendezvous" : "slots", slots, chunkBytes >> 10,
+          windowBytes >> 20);
   *out = group.release();
   return unifabSuccess;
 }
@@ -211,6 +226,14 @@ unifabPpGroup::~unifabPpGroup() {
   if (comm_) {
     unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
     UF_CUDA_WARN(cudaDeviceSynchronize());  // transfers of the group still use its window
+    importer_.closeAll();
+    for (RendezvousPeer& peer : rendezvousPeers_) {
+      for (std::vector<cudaEvent_t>& ends : peer.callEnds) {
+        for (cudaEvent_t e : ends) {
+          if (e != nullptr) UF_CUDA_WARN(cudaEventDestroy(e));
+        }
+      }
+    }
   }
   watchdog_.reset();
   window_.reset();  // collective deregistration
@@ -226,6 +249,137 @@ size_t unifabPpGroup::readyOffset(int source, int slot) const {
 
 size_t unifabPpGroup::freedOffset(int reader, int slot) const {
   return flagsBase_ + sizeof(uint64_t) * (static_cast<size_t>(lsaSize_ + reader) * slots_ + slot);
+}
+
+size_t unifabPpGroup::reachedOffset(int side, int peer, uint64_t sequence) const {
+  const size_t slotFlags = static_cast<size_t>(2 * lsaSize_) * slots_;
+  return flagsBase_ + sizeof(uint64_t) * (slotFlags + (static_cast<size_t>(side) * lsaSize_ + peer) * pp::Inbox::kRing +
+                                          (sequence - 1) % pp::Inbox::kRing);
+}
+
+size_t unifabPpGroup::servedOffset(int side, int peer, uint64_t sequence) const {
+  return reachedOffset(side, peer, sequence) + sizeof(uint64_t) * 2 * lsaSize_ * pp::Inbox::kRing;
+}
+
+size_t unifabPpGroup::namesOffset() const { return reachedOffset(0, 0, 1) + sizeof(uint64_t) * 4 * lsaSize_ * pp::Inbox::kRing; }
+
+// Every rank publishes its inbox name in its window; after a barrier each opens its peers'.
+Result unifabPpGroup::setUpRendezvous() {
+  char name[pp::Inbox::kNameBytes] = {};
+  snprintf(name, sizeof(name), "%s", myInbox_->name());
+  UF_CUDA_CHECK(cudaMemcpy(window_->localBase() + namesOffset() + pp::Inbox::kNameBytes * myIndex_, name, sizeof(name),
+                           cudaMemcpyHostToDevice));
+  UF_CHECK(comm_->barrier());
+  const std::string myProcess = pp::Inbox::processOf(myInbox_->name());
+  for (int p = 0; p < lsaSize_; ++p) {
+    if (p == myIndex_) continue;  // no transfer to oneself in this engine
+    char theirs[pp::Inbox::kNameBytes];
+    UF_CUDA_CHECK(cudaMemcpy(theirs, window_->peerBases()[p] + namesOffset() + pp::Inbox::kNameBytes * p, sizeof(theirs),
+                             cudaMemcpyDeviceToHost));
+    theirs[sizeof(theirs) - 1] = '\0';
+    RendezvousPeer& peer = rendezvousPeers_[p];
+    UF_CHECK(pp::Inbox::open(theirs, lsaSize_, &peer.inbox));
+    peer.sameProcess = pp::Inbox::processOf(theirs) == myProcess;
+  }
+  UF_CHECK(comm_->barrier());  // everybody has every inbox open: the names can go
+  myInbox_->unlink();
+  return unifabSuccess;
+}
+
+// One call of either side. The sequence is taken under the group's lock; the waits on the host
+// (for this ring position's previous call to end, for the other side's previous use of the
+// rendezvous entry) happen outside it, so that another thread's call can make the progress waited
+// for; the stream operations are posted under it again.
+Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to, cudaStream_t stream) {
+  const int peerRank = firstLsaRank_ + to;
+  const char* call = side == pp::kSendSide ? "send" : "recv";
+  if (to == myIndex_) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "%s to rank %d itself: UNIFAB_PP_ENGINE=rendezvous moves data between two "
+                    "ranks only (the slots engine serves a rank that sends to itself)", call, peerRank);
+  }
+  RendezvousPeer& peer = rendezvousPeers_[to];
+  std::unique_lock<std::mutex> lock(mutex_);
+  const uint64_t sequence = ++peer.transfers[side];
+  pp::Posting mine;
+  UF_CHECK(exporter_.describe(data, bytes, &mine));
+  cudaEvent_t previous = peer.callEnds[side][(sequence - 1) % pp::Inbox::kRing];
+  lock.unlock();
+  // Flags are rings of kRing per peer: the call that last used this position must have ended on
+  // its stream before this one posts a flag there.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(unifab::params().ppTimeoutMs);
+  auto waitHost = [&](const auto& done, const char* what) -> Result {
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        return UF_ERROR(unifabTimeout, kExt, "pipeline %s %llu with rank %d: %s within UNIFAB_PP_TIMEOUT_MS "
+                        "(at most %d transfers per direction may be in flight)", call,
+                        static_cast<unsigned long long>(sequence), peerRank, what, pp::Inbox::kRing);
+      }
+      std::this_thread::yield();
+    }
+    return unifabSuccess;
+  };
+  cudaError_t queried = cudaSuccess;
+  UF_CHECK(waitHost([&] { queried = cudaEventQuery(previous); return queried != cudaErrorNotReady; },
+                    "the call that used the same flags has not ended"));
+  UF_CUDA_CHECK(queried);
+  pp::RendezvousEntry& entry = side == pp::kSendSide ? peer.inbox->entry(myIndex_, sequence) : myInbox_->entry(to, sequence);
+  pp::Arrival arrival = pp::Arrival::kBusy;
+  UF_CHECK(waitHost([&] { arrival = pp::arrive(entry, sequence, pp::Inbox::kRing, side, mine); return arrival != pp::Arrival::kBusy; },
+                    "the peer has not posted the transfer that used the same rendezvous entry"));
+  lock.lock();
+  char* local = window_->localBase();
+  char* theirs = window_->peerBases()[to];
+  const int other = 1 - side;
+  if (arrival == pp::Arrival::kFirst) {
+    // Tell the other side's stream that ours has reached the transfer (the buffer is ready to be
+    // read, or to be written), then wait for it to have moved the data.
+    UF_CHECK(ops_->write(stream, reinterpret_cast<uint64_t*>(theirs + reachedOffset(side, myIndex_, sequence)), sequence));
+    UF_CHECK(watchdog_->wait(*ops_, stream, reinterpret_cast<uint64_t*>(local + servedOffset(side, to, sequence)), sequence,
+                             side == pp::kSendSide ? "send: the matching receive of" : "recv: the matching send of",
+                             peerRank));
+  } else {
+    const pp::Posting& first = entry.side[other];
+    if (first.bytes != bytes) {
+      return UF_ERROR(unifabInvalidUsage, kExt, "pipeline %s %llu with rank %d: %zu bytes here, %llu bytes there "
+                      "(matched calls must move the same bytes); rank %d's call will time out",
+                      call, static_cast<unsigned long long>(sequence), peerRank, bytes,
+                      static_cast<unsigned long long>(first.bytes), peerRank);
+    }
+    char* firstData = reinterpret_cast<char*>(first.address);
+    if (bytes > 0 && peer.sameProcess && !peer.peerAccess) {
+      // Another thread's GPU in this process: its buffer is addressable as it is once peer access
+      // from this GPU is on.
+      cudaPointerAttributes attributes{};
+      UF_CUDA_CHECK(cudaPointerGetAttributes(&attributes, firstData));
+      const cudaError_t enabled = cudaDeviceEnablePeerAccess(attributes.device, 0);
+      if (enabled == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+      } else {
+        UF_CUDA_CHECK(enabled);
+      }
+      peer.peerAccess = true;
+    }
+    if (bytes > 0 && !peer.sameProcess) {
+      if (first.mappable == 0) {
+        return UF_ERROR(unifabInvalidUsage, kExt, "pipeline %s %llu with rank %d: rank %d's buffer cannot be mapped by "
+                        "CUDA IPC (allocate it with cudaMalloc, or use UNIFAB_PP_ENGINE=slots); its call will time out",
+                        call, static_cast<unsigned long long>(sequence), peerRank, peerRank);
+      }
+      UF_CHECK(importer_.map(to, first, &firstData));
+    }
+    UF_CHECK(watchdog_->wait(*ops_, stream, reinterpret_cast<uint64_t*>(local + reachedOffset(other, to, sequence)),
+                             sequence, side == pp::kSendSide ? "send: the receive buffer of" : "recv: the send buffer of",
+                             peerRank));
+    if (bytes > 0) {
+      // A peer copy either way (the send buffer into the peer's receive buffer, or the peer's send
+      // buffer into ours): the copy engine of this GPU.
+      UF_CHECK(side == pp::kSendSide ? unifab::collectives::copyEngineCopy(firstData, data, bytes, stream)
+                                     : unifab::collectives::copyEngineCopy(data, firstData, bytes, stream));
+    }
+    UF_CHECK(ops_->write(stream, reinterpret_cast<uint64_t*>(theirs + servedOffset(other, myIndex_, sequence)), sequence));
+  }
+  UF_CUDA_CHECK(cudaEventRecord(previous, stream));
+  return unifabSuccess;
 }
 
 Result unifabPpGroup::lsaIndex(int peer, int* index) const {
@@ -245,7 +399,7 @@ Result unifabPpGroup::checkCall(const void* data, size_t bytes, int peer, cudaSt
   UF_CHECK(asyncError());
   UF_CHECK(lsaIndex(peer, index));
   if (bytes > 0 && data == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "data=NULL with bytes=%zu", bytes);
-  if (pp::chunkCount(bytes, chunkBytes_) > pp::kMaxChunksPerCall) {
+  if (!rendezvous_ && pp::chunkCount(bytes, chunkBytes_) > pp::kMaxChunksPerCall) {
     return UF_ERROR(unifabInvalidArgument, kExt,
                     "bytes=%zu needs %zu chunks of the group's %zu-byte slots; a call takes at most %zu (%zu bytes): "
                     "split the transfer or create the group with a larger chunkBytes",
@@ -271,6 +425,20 @@ Result unifabPpGroup::send(const void* data, size_t bytes, int peer, cudaStream_
   int to = 0;
   UF_CHECK(checkCall(data, bytes, peer, stream, &to));
   unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
+  if (rendezvous_) return rendezvousCall(pp::kSendSide, const_cast<void*>(data), bytes, to, stream);
+  return slotSend(data, bytes, to, stream);
+}
+
+Result unifabPpGroup::recv(void* data, size_t bytes, int peer, cudaStream_t stream) {
+  int from = 0;
+  UF_CHECK(checkCall(data, bytes, peer, stream, &from));
+  unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
+  if (rendezvous_) return rendezvousCall(pp::kRecvSide, data, bytes, from, stream);
+  return slotRecv(data, bytes, from, stream);
+}
+
+Result unifabPpGroup::slotSend(const void* data, size_t bytes, int to, cudaStream_t stream) {
+  const int peer = firstLsaRank_ + to;
   std::lock_guard<std::mutex> lock(mutex_);
   char* mine = window_->peerBases()[myIndex_];
   char* theirs = window_->peerBases()[to];
@@ -288,10 +456,8 @@ Result unifabPpGroup::send(const void* data, size_t bytes, int peer, cudaStream_
   return unifabSuccess;
 }
 
-Result unifabPpGroup::recv(void* data, size_t bytes, int peer, cudaStream_t stream) {
-  int from = 0;
-  UF_CHECK(checkCall(data, bytes, peer, stream, &from));
-  unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
+Result unifabPpGroup::slotRecv(void* data, size_t bytes, int from, cudaStream_t stream) {
+  const int peer = firstLsaRank_ + from;
   std::lock_guard<std::mutex> lock(mutex_);
   char* mine = window_->peerBases()[myIndex_];
   char* theirs = window_->peerBases()[from];

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "collectives/common/symmetric.h"
+#include "collectives/pp/rendezvous.h"
 #include "collectives/pp/stream_ops.h"
 #include "unifab/unifab.h"
 
@@ -75,6 +76,10 @@ class WaitWatchdog {
 
 }  // namespace unifab::collectives::pp
 
+// Two engines (UNIFAB_PP_ENGINE). "slots" (the default): the sender's copy engine moves each chunk
+// into a slot of the receiver's window and the receiver copies it out on its stream. "rendezvous"
+// (rendezvous.h): the call posted second copies straight from the send buffer into the receive
+// buffer, one copy-engine copy, when CUDA IPC can map the first call's buffer.
 struct unifabPpGroup {
   static unifab::Result create(ncclComm_t comm, const unifabPpConfig_t& config, unifabPpGroup** out);
   ~unifabPpGroup();
@@ -84,16 +89,34 @@ struct unifabPpGroup {
   unifab::Result asyncError() const;
 
  private:
+  struct RendezvousPeer {  // this rank's rendezvous state towards one LSA peer
+    std::unique_ptr<unifab::collectives::pp::Inbox> inbox;  // the peer's (its receives from us)
+    bool sameProcess = false;  // driven by another thread of this process: no IPC in between
+    bool peerAccess = false;   // same process: peer access to its GPU enabled
+    uint64_t transfers[2] = {0, 0};  // [side]: calls posted so far
+    std::vector<cudaEvent_t> callEnds[2];  // [side][ring]: recorded at the end of each call
+  };
+
   unifabPpGroup() = default;
   // The peer's index among this rank's LSA peers, or an error naming why it cannot be reached.
   unifab::Result lsaIndex(int peer, int* index) const;
   unifab::Result checkCall(const void* data, size_t bytes, int peer, cudaStream_t stream, int* index) const;
+  unifab::Result slotSend(const void* data, size_t bytes, int to, cudaStream_t stream);
+  unifab::Result slotRecv(void* data, size_t bytes, int from, cudaStream_t stream);
+  unifab::Result setUpRendezvous();
+  unifab::Result rendezvousCall(int side, void* data, size_t bytes, int peer, cudaStream_t stream);
   // Byte offsets in every rank's window: chunk slot `slot` of source `source` (LSA index), and the
   // flags: ready[source][slot] (written by the source: that chunk has landed) and
-  // freed[reader][slot] (written by the reader of our chunks: it has copied them out).
+  // freed[reader][slot] (written by the reader of our chunks: it has copied them out). Rendezvous:
+  // reached[side][peer][ring] (written by `peer`: its `side` call of that transfer has reached its
+  // stream) and served[side][peer][ring] (written by `peer`: it has moved the data of our `side`
+  // call), then every rank's inbox name.
   size_t slotOffset(int source, int slot) const;
   size_t readyOffset(int source, int slot) const;
   size_t freedOffset(int reader, int slot) const;
+  size_t reachedOffset(int side, int peer, uint64_t sequence) const;
+  size_t servedOffset(int side, int peer, uint64_t sequence) const;
+  size_t namesOffset() const;
 
   std::shared_ptr<unifab::collectives::DeviceComm> comm_;
   std::unique_ptr<unifab::collectives::SymmetricWindow> window_;
@@ -105,7 +128,12 @@ struct unifabPpGroup {
   int firstLsaRank_ = 0;
   int myIndex_ = 0;
   size_t flagsBase_ = 0;
+  bool rendezvous_ = false;
   mutable std::mutex mutex_;         // the counters below, and the order of posted operations
   std::vector<uint64_t> sentTo_;     // chunks sent to each LSA peer so far
   std::vector<uint64_t> receivedFrom_;
+  std::unique_ptr<unifab::collectives::pp::Inbox> myInbox_;
+  std::vector<RendezvousPeer> rendezvousPeers_;
+  unifab::collectives::pp::BufferExporter exporter_;
+  unifab::collectives::pp::BufferImporter importer_;
 };

@@ -16,7 +16,9 @@ using DeviceGetAttribute = CUresult(CUDAAPI*)(int*, CUdevice_attribute, CUdevice
 
 constexpr unsigned kDriverApiVersion = 12000;  // the 64-bit memory ops' current signatures
 
-Result entryPoint(const char* symbol, void** function) {
+}  // namespace
+
+Result driverEntryPoint(const char* symbol, void** function) {
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
   UF_CUDA_CHECK(cudaGetDriverEntryPointByVersion(symbol, function, kDriverApiVersion, cudaEnableDefault, &found));
   if (found != cudaDriverEntryPointSuccess || *function == nullptr) {
@@ -25,8 +27,6 @@ Result entryPoint(const char* symbol, void** function) {
   }
   return unifabSuccess;
 }
-
-}  // namespace
 
 Result StreamOps::waitAtLeast(cudaStream_t stream, const uint64_t* address, uint64_t value) const {
   const CUresult r = reinterpret_cast<WaitValue64>(waitValue64_)(
@@ -47,14 +47,14 @@ Result streamOps(int device, const StreamOps** ops) {
   static StreamOps resolved;
   static Result status = unifabSuccess;
   std::call_once(once, [] {
-    status = entryPoint("cuStreamWaitValue64", &resolved.waitValue64_);
-    if (status == unifabSuccess) status = entryPoint("cuStreamWriteValue64", &resolved.writeValue64_);
+    status = driverEntryPoint("cuStreamWaitValue64", &resolved.waitValue64_);
+    if (status == unifabSuccess) status = driverEntryPoint("cuStreamWriteValue64", &resolved.writeValue64_);
   });
   UF_CHECK(status);
   void* deviceGet = nullptr;
   void* getAttribute = nullptr;
-  UF_CHECK(entryPoint("cuDeviceGet", &deviceGet));
-  UF_CHECK(entryPoint("cuDeviceGetAttribute", &getAttribute));
+  UF_CHECK(driverEntryPoint("cuDeviceGet", &deviceGet));
+  UF_CHECK(driverEntryPoint("cuDeviceGetAttribute", &getAttribute));
   CUdevice handle = 0;
   int supported = 0;
   if (reinterpret_cast<DeviceGet>(deviceGet)(&handle, device) != CUDA_SUCCESS ||

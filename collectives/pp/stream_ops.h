@@ -28,4 +28,7 @@ class StreamOps {
 // Resolves the entry points once, and checks that `device` supports 64-bit stream memory ops.
 Result streamOps(int device, const StreamOps** ops);
 
+// A CUDA driver function by name, at the driver API version whose signatures unifab uses.
+Result driverEntryPoint(const char* symbol, void** function);
+
 }  // namespace unifab::collectives::pp

@@ -40,6 +40,11 @@ struct Streams {
   }
 };
 
+bool rendezvousEngine() {
+  const char* engine = getenv("UNIFAB_PP_ENGINE");
+  return engine != nullptr && std::string(engine) == "rendezvous";
+}
+
 bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<size_t>& sizes, int rounds, int batch,
                const std::string& what) {
   const int n = session.nRanks(), me = session.rank();
@@ -47,10 +52,12 @@ bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<si
   size_t largest = 0;
   for (size_t s : sizes) largest = std::max(largest, s);
   std::vector<void*> sendBuf(batch, nullptr), recvBuf(batch, nullptr);
-  // The last receive buffer of a batch comes from the stream-ordered pool.
+  // The last receive buffer of a batch comes from the stream-ordered pool (not with the rendezvous
+  // engine, which needs buffers CUDA IPC can map).
+  const bool poolBuffer = batch > 1 && !rendezvousEngine();
   for (int i = 0; i < batch; ++i) {
     TEST_CUDA_CHECK(cudaMalloc(&sendBuf[i], std::max<size_t>(largest, 1)));
-    if (i == batch - 1 && batch > 1) {
+    if (i == batch - 1 && poolBuffer) {
       TEST_CUDA_CHECK(cudaMallocAsync(&recvBuf[i], std::max<size_t>(largest, 1), nullptr));
       TEST_CUDA_CHECK(cudaStreamSynchronize(nullptr));
     } else {
@@ -99,7 +106,7 @@ bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<si
   TEST_CUDA_CHECK(cudaDeviceSynchronize());
   for (int i = 0; i < batch; ++i) {
     cudaFree(sendBuf[i]);
-    if (i == batch - 1 && batch > 1) {
+    if (i == batch - 1 && poolBuffer) {
       cudaFreeAsync(recvBuf[i], nullptr);
     } else {
       cudaFree(recvBuf[i]);
@@ -111,9 +118,12 @@ bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<si
 
 bool runRefusals(NcclSession& session, unifabPpGroup_t group, size_t chunk) {
   cudaStream_t stream = session.stream();
-  // More chunks than a call may post: refused before anything is posted (a pointer is never read).
-  check(unifabPpSend(group, reinterpret_cast<void*>(16), 128 * chunk + 1, 0, stream) == unifabInvalidArgument,
-        "a transfer of more than 128 chunks is refused");
+  // More chunks than a call of the slots engine may post: refused before anything is posted (the
+  // pointer is never read).
+  if (!rendezvousEngine()) {
+    check(unifabPpSend(group, reinterpret_cast<void*>(16), 128 * chunk + 1, 0, stream) == unifabInvalidArgument,
+          "a transfer of more than 128 chunks is refused");
+  }
   check(unifabPpSend(group, nullptr, 16, 0, stream) == unifabInvalidArgument, "data=NULL with bytes is refused");
   check(unifabPpSend(group, nullptr, 0, session.nRanks(), stream) == unifabInvalidArgument,
         "a peer outside the communicator is refused");
