@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <new>
+#include <random>
 
 #include "collectives/common/cuda_check.h"
 #include "collectives/pp/stream_ops.h"
@@ -25,8 +26,11 @@ Result Inbox::create(int peers, std::unique_ptr<Inbox>* out) {
   static std::atomic<int> made{0};
   std::unique_ptr<Inbox> inbox(new Inbox());
   char name[kNameBytes];
-  snprintf(name, sizeof(name), "/unifab-pp-%d-%d-%p", static_cast<int>(getpid()), made.fetch_add(1),
-           static_cast<void*>(inbox.get()));
+  // The process part (pid and a random token drawn once per process) tells a peer whether it
+  // shares this process: pids alone repeat across the PID namespaces of containers on one node.
+  static const unsigned long long processToken = (static_cast<unsigned long long>(std::random_device{}()) << 32) ^
+                                                 std::random_device{}();
+  snprintf(name, sizeof(name), "/unifab-pp-%d.%llx-%d", static_cast<int>(getpid()), processToken, made.fetch_add(1));
   inbox->name_ = name;
   inbox->peers_ = peers;
   inbox->bytes_ = bytesFor(peers);
@@ -63,7 +67,7 @@ Result Inbox::open(const char* name, int peers, std::unique_ptr<Inbox>* out) {
 }
 
 std::string Inbox::processOf(const char* name) {
-  // "/unifab-pp-PID-COUNT-ADDRESS": the prefix up to the PID's end.
+  // "/unifab-pp-PID.TOKEN-COUNT": the prefix up to the process part's end.
   const char* afterPrefix = name + strlen("/unifab-pp-");
   const char* dash = strchr(afterPrefix, '-');
   return dash == nullptr ? std::string(name) : std::string(name, dash - name);
