@@ -324,7 +324,9 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   UF_CUDA_CHECK(queried);
   pp::RendezvousEntry& entry = side == pp::kSendSide ? peer.inbox->entry(myIndex_, sequence) : myInbox_->entry(to, sequence);
   pp::Arrival arrival = pp::Arrival::kBusy;
-  UF_CHECK(waitHost([&] { arrival = pp::arrive(entry, sequence, pp::Inbox::kRing, side, mine); return arrival != pp::Arrival::kBusy; },
+  pp::Posting first{};  // the other side's posting, when this call is second
+  UF_CHECK(waitHost([&] { arrival = pp::arrive(entry, sequence, pp::Inbox::kRing, side, mine, &first);
+                          return arrival != pp::Arrival::kBusy; },
                     "the peer has not posted the transfer that used the same rendezvous entry"));
   lock.lock();
   char* local = window_->localBase();
@@ -338,7 +340,6 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
                              side == pp::kSendSide ? "send: the matching receive of" : "recv: the matching send of",
                              peerRank));
   } else {
-    const pp::Posting& first = entry.side[other];
     if (first.bytes != bytes) {
       return UF_ERROR(unifabInvalidUsage, kExt, "pipeline %s %llu with rank %d: %zu bytes here, %llu bytes there "
                       "(matched calls must move the same bytes); rank %d's call will time out",

@@ -33,14 +33,16 @@ struct RendezvousEntry {
 
 enum class Arrival {
   kFirst,   // posted first: the other side will move the data
-  kSecond,  // posted second: this side moves the data, the other's posting is readable
+  kSecond,  // posted second: this side moves the data, described by the other's posting
   kBusy     // the entry still holds transfer sequence - ring, not posted by both yet: retry later
 };
 
 // Posts `mine` as `side` of transfer `sequence` (1-based) in `entry`, which serves every `ring`-th
-// transfer of this sender and receiver. Safe between processes: the entry lives in shared memory
-// and std::atomic<uint64_t> is lock-free.
-inline Arrival arrive(RendezvousEntry& entry, uint64_t sequence, uint64_t ring, int side, const Posting& mine) {
+// transfer of this sender and receiver; when second, copies the first side's posting to *theirs
+// before marking the transfer met (from then on the first side may reuse the entry). Safe between
+// processes: the entry lives in shared memory and std::atomic<uint64_t> is lock-free.
+inline Arrival arrive(RendezvousEntry& entry, uint64_t sequence, uint64_t ring, int side, const Posting& mine,
+                      Posting* theirs) {
   const uint64_t mineBit = uint64_t{1} << side, theirBit = uint64_t{1} << (1 - side);
   const uint64_t free = sequence > ring ? (sequence - ring) * 4 + 3 : 0;
   uint64_t state = entry.state.load(std::memory_order_acquire);
@@ -54,7 +56,7 @@ inline Arrival arrive(RendezvousEntry& entry, uint64_t sequence, uint64_t ring, 
     // The other side claimed the entry for this transfer in between: `state` holds its claim.
   }
   if (state == sequence * 4 + theirBit) {
-    entry.side[side] = mine;
+    *theirs = entry.side[1 - side];
     entry.state.store(sequence * 4 + 3, std::memory_order_release);
     return Arrival::kSecond;
   }

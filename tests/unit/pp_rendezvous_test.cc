@@ -26,16 +26,17 @@ Posting posting(uint64_t sequence, int side) {
 
 TEST(PpRendezvous, FirstThenSecond) {
   RendezvousEntry entry{};
-  EXPECT_EQ(arrive(entry, 1, 4, kRecvSide, posting(1, kRecvSide)), Arrival::kFirst);
-  EXPECT_EQ(arrive(entry, 1, 4, kSendSide, posting(1, kSendSide)), Arrival::kSecond);
-  EXPECT_EQ(entry.side[kRecvSide].address, posting(1, kRecvSide).address);
+  Posting theirs{};
+  EXPECT_EQ(arrive(entry, 1, 4, kRecvSide, posting(1, kRecvSide), &theirs), Arrival::kFirst);
+  EXPECT_EQ(arrive(entry, 1, 4, kSendSide, posting(1, kSendSide), &theirs), Arrival::kSecond);
+  EXPECT_EQ(theirs.address, posting(1, kRecvSide).address);
   // Transfer 5 (ring 4) may use the entry now; transfer 9 may not yet.
-  EXPECT_EQ(arrive(entry, 9, 4, kSendSide, posting(9, kSendSide)), Arrival::kBusy);
-  EXPECT_EQ(arrive(entry, 5, 4, kSendSide, posting(5, kSendSide)), Arrival::kFirst);
+  EXPECT_EQ(arrive(entry, 9, 4, kSendSide, posting(9, kSendSide), &theirs), Arrival::kBusy);
+  EXPECT_EQ(arrive(entry, 5, 4, kSendSide, posting(5, kSendSide), &theirs), Arrival::kFirst);
   // The other side's next transfer on this entry waits for this one to be met.
-  EXPECT_EQ(arrive(entry, 9, 4, kRecvSide, posting(9, kRecvSide)), Arrival::kBusy);
-  EXPECT_EQ(arrive(entry, 5, 4, kRecvSide, posting(5, kRecvSide)), Arrival::kSecond);
-  EXPECT_EQ(entry.side[kSendSide].bytes, posting(5, kSendSide).bytes);
+  EXPECT_EQ(arrive(entry, 9, 4, kRecvSide, posting(9, kRecvSide), &theirs), Arrival::kBusy);
+  EXPECT_EQ(arrive(entry, 5, 4, kRecvSide, posting(5, kRecvSide), &theirs), Arrival::kSecond);
+  EXPECT_EQ(theirs.bytes, posting(5, kSendSide).bytes);
 }
 
 TEST(PpRendezvous, TwoThreadsMeetOnceForEveryTransfer) {
@@ -51,9 +52,10 @@ TEST(PpRendezvous, TwoThreadsMeetOnceForEveryTransfer) {
     for (uint64_t s = 1; s <= kTransfers; ++s) {
       RendezvousEntry& e = entries[(s - 1) % kRing];
       Arrival a;
-      while ((a = arrive(e, s, kRing, me, posting(s, me))) == Arrival::kBusy) std::this_thread::yield();
+      Posting theirs{};
+      while ((a = arrive(e, s, kRing, me, posting(s, me), &theirs)) == Arrival::kBusy) std::this_thread::yield();
       arrivals[me][s] = a;
-      if (a == Arrival::kSecond) seen[me][s] = e.side[1 - me].bytes;
+      if (a == Arrival::kSecond) seen[me][s] = theirs.bytes;
     }
   };
   std::thread sender(side, kSendSide), receiver(side, kRecvSide);
