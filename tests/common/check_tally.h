@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "tests/common/nccl_session.h"  // TEST_CUDA_CHECK
 #include "unifab/unifab.h"
 
@@ -54,6 +56,15 @@ inline int finishChecks() {
   if (t.rank >= 0) printf("rank %d: %d passed, %d failed\n", t.rank, t.passed, t.failed);
   else printf("%d passed, %d failed\n", t.passed, t.failed);
   return t.failed == 0 ? 0 : 1;
+}
+
+// Ends a rank that cannot go on at once, without tearing anything down: its peers may wait in a
+// collective step (a barrier, a group's destruction) that this rank will not reach, and the
+// launcher stops them once this rank has failed.
+[[noreturn]] inline void abandonRank(const std::string& where) {
+  printf("rank %d: aborted%s%s\n", tally().rank, where.empty() ? "" : " ", where.c_str());
+  fflush(stdout);
+  _exit(1);
 }
 
 // Copies `count` elements from the device and waits for them.

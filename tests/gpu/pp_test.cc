@@ -7,8 +7,6 @@
 // times. The last receive buffer of each batch is stream-ordered pool memory (receive buffers of
 // any allocator). Also: the calls the group refuses.
 #include <cuda_runtime.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -207,11 +205,7 @@ int main(int argc, char** argv) {
     if (ok && large) ok = runRounds(session, group, {size_t{1} << 30}, 2, 1, "1 GiB");
   }
   if (!ok) {
-    // Leave at once: a peer may wait in a collective step (a barrier, the group's teardown) that
-    // this rank will not reach.
-    printf("rank %d: aborted\n", env.rank);
-    fflush(stdout);
-    _exit(1);
+    abandonRank("");
   }
   if (unifabPpDestroy(group) != unifabSuccess) return 1;
   return finishChecks();
