@@ -1,7 +1,9 @@
 // Device-to-device copies meant for the copy engines, so that the zero-SM operations (pipeline
-// send/recv, Engram's copy-engine fetches) leave the SMs to the caller's kernels. A plain
-// cudaMemcpyAsync lets the driver pick how to copy; cudaMemcpyBatchAsync takes the hint
-// cudaMemcpyFlagPreferOverlapWithCompute, which asks it to keep the copy off the SMs.
+// send/recv, Engram's copy-engine fetches) leave the SMs to the caller's kernels. A copy whose
+// source or destination is on a peer GPU runs on the copy engine; a copy between two buffers of
+// one GPU runs as an SM kernel on the 580 driver whatever the flags (measured), and honours the
+// hint passed here, cudaMemcpyFlagPreferOverlapWithCompute, from the CUDA 13.1 driver on (per
+// public reports; see docs/benchmarks/pp-engram.md).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -5,10 +5,8 @@
 // than 5 % against its time alone, the transfers and fetches must finish, correct, within the
 // compute kernel's time, and the fetch must report 0 SMs held. For contrast, the same compute
 // kernel next to a plain SM copy kernel (local copies launched just before it) is timed too: that
-// copy takes SMs the compute kernel then waits for. Also printed, as evidence of which copy paths
-// stay off the SMs: a local 256 MiB cudaMemcpyAsync and the same copy through
-// cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute, each alone and next to the
-// compute kernel.
+// copy takes SMs the compute kernel then waits for. (Which copy routes stay off the SMs at all:
+// unifab-bench copy-routes.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -242,46 +240,6 @@ bool run(const RankEnvironment& env, NcclSession& session) {
     cudaFree(bad);
   }
   check(unifabEngramGetAsyncError(table) == unifabSuccess, "no Engram error");
-
-  // Which copy paths stay off the SMs: a local copy of kTransferBytes, plain and batched with the
-  // overlap hint, each alone and next to the compute kernel.
-  auto timeLocalCopy = [&](bool batched, bool nextToCompute, double* copyMs, double* computeMs) {
-    if (nextToCompute) {
-      TEST_CUDA_CHECK(cudaEventRecord(compute.start, computeStream));
-      computeKernel<<<computeBlocks, kComputeThreads, 0, computeStream>>>(sink, iterations);
-      TEST_CUDA_CHECK(cudaEventRecord(compute.stop, computeStream));
-    }
-    TEST_CUDA_CHECK(cudaEventRecord(transfer.start, copyStream));
-    if (batched) {
-      void* dst = fetched;
-      const void* src = data;
-      size_t bytes = kTransferBytes, attributeIndex = 0;
-      cudaMemcpyAttributes attributes{};
-      attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-      attributes.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-      TEST_CUDA_CHECK(cudaMemcpyBatchAsync(&dst, &src, &bytes, 1, &attributes, &attributeIndex, 1, copyStream));
-    } else {
-      TEST_CUDA_CHECK(cudaMemcpyAsync(fetched, data, kTransferBytes, cudaMemcpyDeviceToDevice, copyStream));
-    }
-    TEST_CUDA_CHECK(cudaEventRecord(transfer.stop, copyStream));
-    TEST_CUDA_CHECK(cudaEventSynchronize(transfer.stop));
-    *copyMs = transfer.ms();
-    if (nextToCompute) {
-      TEST_CUDA_CHECK(cudaEventSynchronize(compute.stop));
-      *computeMs = compute.ms();
-    }
-    return true;
-  };
-  for (bool batched : {false, true}) {
-    double aloneCopyMs = 0, busyCopyMs = 0, busyComputeMs = 0;
-    if (!timeLocalCopy(batched, false, &aloneCopyMs, nullptr) || !timeLocalCopy(batched, true, &busyCopyMs, &busyComputeMs)) {
-      return false;
-    }
-    printf("rank %d: local %zu MiB %s: alone %.2f ms; next to the compute kernel %.2f ms (compute %+.1f %%)\n",
-           env.rank, kTransferBytes >> 20,
-           batched ? "cudaMemcpyBatchAsync(PreferOverlapWithCompute)" : "cudaMemcpyAsync", aloneCopyMs, busyCopyMs,
-           100 * (busyComputeMs / aloneMs - 1.0));
-  }
 
   // Contrast: plain SM copies launched just before the compute kernel.
   if (!session.barrier(true)) return false;
