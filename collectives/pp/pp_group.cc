@@ -300,8 +300,10 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   RendezvousPeer& peer = rendezvousPeers_[to];
   std::unique_lock<std::mutex> lock(mutex_);
   const uint64_t sequence = ++peer.transfers[side];
-  pp::Posting mine;
-  UF_CHECK(exporter_.describe(data, bytes, &mine));
+  pp::Posting mine{};
+  mine.bytes = bytes;
+  mine.address = reinterpret_cast<uintptr_t>(data);
+  if (!peer.sameProcess) UF_CHECK(exporter_.describe(data, bytes, &mine));  // threads share addresses
   cudaEvent_t previous = peer.callEnds[side][(sequence - 1) % pp::Inbox::kRing];
   lock.unlock();
   // Flags are rings of kRing per peer: the call that last used this position must have ended on
