@@ -13,32 +13,9 @@
 #include "common.h"
 #include "unifab_tests.h"
 
-namespace {
-
-bool checking(const UnifabEpState* s) { return s->shift && !s->lowLatency; }
-
-}  // namespace
-
 testResult_t CombineInitData(struct threadArgs* args, ncclDataType_t type, ncclRedOp_t op, int root, int rep,
                              int in_place) {
-  size_t count = args->sendBytes / wordSize(type);
-  bool check = false;
-  for (int i = 0; i < args->nGpus; i++) {
-    CUDACHECK(cudaSetDevice(args->gpus[i]));
-    int rank = unifabTestRank(args, i);
-    UnifabEpState* s = NULL;
-    TESTCHECK(unifabEpState(args->comms[i], &s));
-    check = checking(s);
-    TESTCHECK(InitData(args->sendbuffs[i], count, rank * count, type, ncclSum, rep, 1, 0));
-    CUDACHECK(cudaMemset(args->recvbuffs[i], 0, args->expectedBytes));
-    // Identity experts and one destination rank: every token returns as it left.
-    TESTCHECK(unifabExpectRankData(args, i, type, rep, rank,
-                                   (size_t)unifabEpTokens(s, args->sendBytes) * unifabEpBytesPerToken(s)));
-    s->dispatched = -1;  // new inputs: dispatch them again
-    CUDACHECK(cudaDeviceSynchronize());
-  }
-  args->reportErrors = (check && !in_place) ? 1 : 0;
-  return testSuccess;
+  return unifabEpInitData(args, type, rep, in_place, 0);
 }
 
 testResult_t CombineRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, size_t recvoffset, size_t count,

@@ -14,32 +14,9 @@
 #include "common.h"
 #include "unifab_tests.h"
 
-namespace {
-
-bool checking(const UnifabEpState* s) { return s->shift && !s->lowLatency; }
-
-}  // namespace
-
 testResult_t DispatchInitData(struct threadArgs* args, ncclDataType_t type, ncclRedOp_t op, int root, int rep,
                               int in_place) {
-  size_t count = args->sendBytes / wordSize(type);
-  int nranks = args->nProcs * args->nThreads * args->nGpus;
-  bool check = false;
-  for (int i = 0; i < args->nGpus; i++) {
-    CUDACHECK(cudaSetDevice(args->gpus[i]));
-    int rank = unifabTestRank(args, i);
-    UnifabEpState* s = NULL;
-    TESTCHECK(unifabEpState(args->comms[i], &s));
-    check = checking(s);
-    TESTCHECK(InitData(args->sendbuffs[i], count, rank * count, type, ncclSum, rep, 1, 0));
-    CUDACHECK(cudaMemset(args->recvbuffs[i], 0, args->expectedBytes));
-    // Rank - 1's whole tokens: the bytes past them are never sent.
-    TESTCHECK(unifabExpectRankData(args, i, type, rep, (rank - 1 + nranks) % nranks,
-                                   (size_t)unifabEpTokens(s, args->sendBytes) * unifabEpBytesPerToken(s)));
-    CUDACHECK(cudaDeviceSynchronize());
-  }
-  args->reportErrors = (check && !in_place) ? 1 : 0;
-  return testSuccess;
+  return unifabEpInitData(args, type, rep, in_place, -1);
 }
 
 testResult_t DispatchRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, size_t recvoffset, size_t count,
@@ -51,7 +28,7 @@ testResult_t DispatchRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, 
   unifabEpRanksPerToken = s->ranksPerToken;
   const int tokens = unifabEpTokens(s, count * wordSize(type));
   TESTCHECK(unifabEpDispatchOnce(s, (char*)sendbuff + sendoffset, tokens, stream));
-  if (checking(s) && tokens > 0) {
+  if (unifabEpChecking(s) && tokens > 0) {
     CUDACHECK(cudaMemcpyAsync((char*)recvbuff + recvoffset, s->received, (size_t)tokens * unifabEpBytesPerToken(s),
                               cudaMemcpyDeviceToDevice, stream));
   }

@@ -233,6 +233,35 @@ static inline int unifabEpTokens(const UnifabEpState* s, size_t bytes) {
   return (int)std::min<size_t>(bytes / unifabEpBytesPerToken(s), (size_t)s->maxTokens);
 }
 
+/* -c can check the routing that sends every token to rank + 1 (high throughput only). */
+static inline bool unifabEpChecking(const UnifabEpState* s) { return s->shift && !s->lowLatency; }
+
+/* Both MoE tests' InitData: the harness's data of this rank as input, zeroed receive buffers, and
+ * as expected data the whole tokens of rank + `sourceShift` (dispatch: -1, rank - 1's tokens
+ * arrive; combine: 0, every token returns as it left). New inputs drop the latest dispatch. */
+static inline testResult_t unifabEpInitData(struct threadArgs* args, ncclDataType_t type, int rep, int in_place,
+                                            int sourceShift) {
+  const size_t count = args->sendBytes / wordSize(type);
+  const int nranks = args->nProcs * args->nThreads * args->nGpus;
+  bool check = false;
+  for (int i = 0; i < args->nGpus; i++) {
+    CUDACHECK(cudaSetDevice(args->gpus[i]));
+    const int rank = unifabTestRank(args, i);
+    UnifabEpState* s = NULL;
+    TESTCHECK(unifabEpState(args->comms[i], &s));
+    check = unifabEpChecking(s);
+    TESTCHECK(InitData(args->sendbuffs[i], count, rank * count, type, ncclSum, rep, 1, 0));
+    CUDACHECK(cudaMemset(args->recvbuffs[i], 0, args->expectedBytes));
+    /* Whole tokens only: the bytes past them are never sent. */
+    TESTCHECK(unifabExpectRankData(args, i, type, rep, (rank + sourceShift + nranks) % nranks,
+                                   (size_t)unifabEpTokens(s, args->sendBytes) * unifabEpBytesPerToken(s)));
+    s->dispatched = -1;
+    CUDACHECK(cudaDeviceSynchronize());
+  }
+  args->reportErrors = (check && !in_place) ? 1 : 0;
+  return testSuccess;
+}
+
 /* One dispatch of `tokens` tokens of `x`, which becomes the state's latest (the previous handle
  * is released). */
 static inline testResult_t unifabEpDispatchOnce(UnifabEpState* s, const void* x, int tokens, cudaStream_t stream) {
