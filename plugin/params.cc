@@ -95,10 +95,11 @@ const std::vector<ParamEntry>& entries() {
         "How long a pipeline send or receive may wait on its peer, once its stream reaches the wait, "
         "before the group's watchdog releases it and reports a timeout"},
        1, 86400000, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.ppTimeoutMs = v; }},
-      {{"UNIFAB_PP_ENGINE", ParamType::kChoice, "slots", "slots, rendezvous",
-        "Pipeline send/recv engine: slots (chunks through the receiver's window, which it copies out on "
-        "SMs) or rendezvous (one copy-engine copy between the two buffers, which CUDA IPC must be able to "
-        "map; not run on a GPU yet)"},
+      {{"UNIFAB_PP_ENGINE", ParamType::kChoice, "rendezvous", "rendezvous, slots",
+        "Pipeline send/recv engine between two ranks: rendezvous (one copy-engine copy between the two "
+        "buffers, no SM; at least one of the two must be mappable by CUDA IPC) or slots (chunks through the "
+        "receiver's window, which it copies out with a same-GPU copy that this driver runs on SMs). A rank's "
+        "transfers to itself always take the slots"},
        0, 0, "slots,rendezvous", [](Params& p, int64_t, double, const std::string& s) { p.ppEngine = s; }},
       {{"UNIFAB_EP_VALIDATE", ParamType::kBool, "0", "0 or 1",
         "Check expert ids on the host before every dispatch (synchronises the stream); otherwise the "

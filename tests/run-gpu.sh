@@ -133,13 +133,13 @@ for step in $steps; do
     say "== unifab-bench copy-routes: which copies stay off the SMs (the zero-SM operations depend on it)"
     "$bench" copy-routes --bytes 256M --busy-ms 40 >"$logs/copy-routes.txt" 2>&1 || failed=1
     tee -a "$summary" <"$logs/copy-routes.txt"
-    say "== unifab-bench pp, rank 0 -> rank 1"
+    say "== unifab-bench pp, rank 0 -> rank 1 (default engine: rendezvous)"
     "$bench" pp --min 4K --max 1G --factor 4 --iters 20 --warmup 3 --csv "$logs/pp.csv" >"$logs/pp.txt" 2>&1 || failed=1
     tee -a "$summary" <"$logs/pp.txt"
-    say "== unifab-bench pp, rendezvous engine (UNIFAB_PP_ENGINE=rendezvous)"
-    UNIFAB_PP_ENGINE=rendezvous UNIFAB_PP_TIMEOUT_MS=20000 "$bench" pp --min 4K --max 1G --factor 4 --iters 20 --warmup 3 \
-      --csv "$logs/pp-rendezvous.csv" >"$logs/pp-rendezvous.txt" 2>&1 || failed=1
-    tee -a "$summary" <"$logs/pp-rendezvous.txt"
+    say "== unifab-bench pp, slots engine (UNIFAB_PP_ENGINE=slots)"
+    UNIFAB_PP_ENGINE=slots UNIFAB_PP_TIMEOUT_MS=20000 "$bench" pp --min 4K --max 1G --factor 4 --iters 20 --warmup 3 \
+      --csv "$logs/pp-slots.csv" >"$logs/pp-slots.txt" 2>&1 || failed=1
+    tee -a "$summary" <"$logs/pp-slots.txt"
     ;;
   engram)
     say "== unifab-bench engram, random rows of the peer GPU"

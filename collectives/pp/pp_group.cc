@@ -272,7 +272,7 @@ Result unifabPpGroup::setUpRendezvous() {
   UF_CHECK(comm_->barrier());
   const std::string myProcess = pp::Inbox::processOf(myInbox_->name());
   for (int p = 0; p < lsaSize_; ++p) {
-    if (p == myIndex_) continue;  // no transfer to oneself in this engine
+    if (p == myIndex_) continue;  // a rank's transfers to itself take the slots
     char theirs[pp::Inbox::kNameBytes];
     UF_CUDA_CHECK(cudaMemcpy(theirs, window_->peerBases()[p] + namesOffset() + pp::Inbox::kNameBytes * p, sizeof(theirs),
                              cudaMemcpyDeviceToHost));
@@ -293,10 +293,6 @@ Result unifabPpGroup::setUpRendezvous() {
 Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to, cudaStream_t stream) {
   const int peerRank = firstLsaRank_ + to;
   const char* call = side == pp::kSendSide ? "send" : "recv";
-  if (to == myIndex_) {
-    return UF_ERROR(unifabInvalidUsage, kExt, "%s to rank %d itself: UNIFAB_PP_ENGINE=rendezvous moves data between two "
-                    "ranks only (the slots engine serves a rank that sends to itself)", call, peerRank);
-  }
   RendezvousPeer& peer = rendezvousPeers_[to];
   std::unique_lock<std::mutex> lock(mutex_);
   const uint64_t sequence = ++peer.transfers[side];
@@ -304,6 +300,9 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   mine.bytes = bytes;
   mine.address = reinterpret_cast<uintptr_t>(data);
   if (!peer.sameProcess) UF_CHECK(exporter_.describe(data, bytes, &mine));  // threads share addresses
+  // A buffer the peer's process cannot map (a stream-ordered pool, cuMem/ncclMemAlloc memory) is
+  // moved by this side's copy engine: this call waits for the peer's posting and comes second.
+  const bool mayBeFirst = bytes == 0 || peer.sameProcess || mine.mappable != 0;
   cudaEvent_t previous = peer.callEnds[side][(sequence - 1) % pp::Inbox::kRing];
   lock.unlock();
   // Flags are rings of kRing per peer: the call that last used this position must have ended on
@@ -327,9 +326,12 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   pp::RendezvousEntry& entry = side == pp::kSendSide ? peer.inbox->entry(myIndex_, sequence) : myInbox_->entry(to, sequence);
   pp::Arrival arrival = pp::Arrival::kBusy;
   pp::Posting first{};  // the other side's posting, when this call is second
-  UF_CHECK(waitHost([&] { arrival = pp::arrive(entry, sequence, pp::Inbox::kRing, side, mine, &first);
+  UF_CHECK(waitHost([&] { arrival = pp::arrive(entry, sequence, pp::Inbox::kRing, side, mine, &first, mayBeFirst);
                           return arrival != pp::Arrival::kBusy; },
-                    "the peer has not posted the transfer that used the same rendezvous entry"));
+                    mayBeFirst ? "the peer has not posted the transfer that used the same rendezvous entry"
+                               : "this buffer cannot be mapped by CUDA IPC, so this call waits for the peer's matching "
+                                 "call to be posted (if that buffer cannot be mapped either, allocate one of the two "
+                                 "with cudaMalloc or use UNIFAB_PP_ENGINE=slots)"));
   lock.lock();
   char* local = window_->localBase();
   char* theirs = window_->peerBases()[to];
@@ -402,7 +404,8 @@ Result unifabPpGroup::checkCall(const void* data, size_t bytes, int peer, cudaSt
   UF_CHECK(asyncError());
   UF_CHECK(lsaIndex(peer, index));
   if (bytes > 0 && data == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "data=NULL with bytes=%zu", bytes);
-  if (!rendezvous_ && pp::chunkCount(bytes, chunkBytes_) > pp::kMaxChunksPerCall) {
+  const bool throughSlots = !rendezvous_ || *index == myIndex_;
+  if (throughSlots && pp::chunkCount(bytes, chunkBytes_) > pp::kMaxChunksPerCall) {
     return UF_ERROR(unifabInvalidArgument, kExt,
                     "bytes=%zu needs %zu chunks of the group's %zu-byte slots; a call takes at most %zu (%zu bytes): "
                     "split the transfer or create the group with a larger chunkBytes",
@@ -428,7 +431,7 @@ Result unifabPpGroup::send(const void* data, size_t bytes, int peer, cudaStream_
   int to = 0;
   UF_CHECK(checkCall(data, bytes, peer, stream, &to));
   unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
-  if (rendezvous_) return rendezvousCall(pp::kSendSide, const_cast<void*>(data), bytes, to, stream);
+  if (rendezvous_ && to != myIndex_) return rendezvousCall(pp::kSendSide, const_cast<void*>(data), bytes, to, stream);
   return slotSend(data, bytes, to, stream);
 }
 
@@ -436,7 +439,7 @@ Result unifabPpGroup::recv(void* data, size_t bytes, int peer, cudaStream_t stre
   int from = 0;
   UF_CHECK(checkCall(data, bytes, peer, stream, &from));
   unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
-  if (rendezvous_) return rendezvousCall(pp::kRecvSide, data, bytes, from, stream);
+  if (rendezvous_ && from != myIndex_) return rendezvousCall(pp::kRecvSide, data, bytes, from, stream);
   return slotRecv(data, bytes, from, stream);
 }
 

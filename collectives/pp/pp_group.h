@@ -76,10 +76,11 @@ class WaitWatchdog {
 
 }  // namespace unifab::collectives::pp
 
-// Two engines (UNIFAB_PP_ENGINE). "slots" (the default): the sender's copy engine moves each chunk
-// into a slot of the receiver's window and the receiver copies it out on its stream. "rendezvous"
-// (rendezvous.h): the call posted second copies straight from the send buffer into the receive
-// buffer, one copy-engine copy, when CUDA IPC can map the first call's buffer.
+// Two engines (UNIFAB_PP_ENGINE). "rendezvous" (the default, rendezvous.h): the call posted second
+// copies straight from the send buffer into the receive buffer, one copy-engine copy; a call whose
+// buffer CUDA IPC cannot map waits to be the second. "slots": the sender's copy engine moves each
+// chunk into a slot of the receiver's window and the receiver copies it out on its stream (a
+// same-GPU copy, on SMs with this driver); a rank's transfers to itself always take this way.
 struct unifabPpGroup {
   static unifab::Result create(ncclComm_t comm, const unifabPpConfig_t& config, unifabPpGroup** out);
   ~unifabPpGroup();

@@ -39,14 +39,16 @@ enum class Arrival {
 
 // Posts `mine` as `side` of transfer `sequence` (1-based) in `entry`, which serves every `ring`-th
 // transfer of this sender and receiver; when second, copies the first side's posting to *theirs
-// before marking the transfer met (from then on the first side may reuse the entry). Safe between
-// processes: the entry lives in shared memory and std::atomic<uint64_t> is lock-free.
+// before marking the transfer met (from then on the first side may reuse the entry). A side whose
+// buffer the other cannot reach (mayBeFirst = false) never claims the entry: it stays kBusy until
+// the other side has posted, and then comes second. Safe between processes: the entry lives in
+// shared memory and std::atomic<uint64_t> is lock-free.
 inline Arrival arrive(RendezvousEntry& entry, uint64_t sequence, uint64_t ring, int side, const Posting& mine,
-                      Posting* theirs) {
+                      Posting* theirs, bool mayBeFirst = true) {
   const uint64_t mineBit = uint64_t{1} << side, theirBit = uint64_t{1} << (1 - side);
   const uint64_t free = sequence > ring ? (sequence - ring) * 4 + 3 : 0;
   uint64_t state = entry.state.load(std::memory_order_acquire);
-  if (state == free) {
+  if (state == free && mayBeFirst) {
     // Only this side writes its own posting; the other side reads it after the bit below.
     entry.side[side] = mine;
     if (entry.state.compare_exchange_strong(state, sequence * 4 + mineBit, std::memory_order_acq_rel,

@@ -81,9 +81,11 @@ bool runPpRank(const PpRun& run, const test::RankEnvironment& env) {
     return false;
   }
   if (env.rank == 0) {
-    printf("# unifab-bench pp: rank 0 -> rank 1, chunks of %zu KiB x %d in flight; median of %d after %d warm-up, "
-           "L2 flushed, slower rank; GB/s = 1e9 B/s\n", (run.chunkBytes ? run.chunkBytes : size_t{8} << 20) >> 10,
-           run.chunksInFlight ? run.chunksInFlight : 4, run.iters, run.warmup);
+    const char* engine = getenv("UNIFAB_PP_ENGINE");
+    printf("# unifab-bench pp: rank 0 -> rank 1, %s engine (slots: chunks of %zu KiB x %d in flight); median of %d "
+           "after %d warm-up, L2 flushed, slower rank; GB/s = 1e9 B/s\n", engine != nullptr ? engine : "rendezvous",
+           (run.chunkBytes ? run.chunkBytes : size_t{8} << 20) >> 10, run.chunksInFlight ? run.chunksInFlight : 4,
+           run.iters, run.warmup);
     printf("# %12s %12s %10s %12s %10s %12s %10s\n", "bytes", "unifab(us)", "GB/s", "nccl(us)", "GB/s", "copy eng(us)",
            "GB/s");
     for (const Row& r : rows) {

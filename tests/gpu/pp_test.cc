@@ -38,9 +38,9 @@ struct Streams {
   }
 };
 
-bool rendezvousEngine() {
+bool slotsEngine() {
   const char* engine = getenv("UNIFAB_PP_ENGINE");
-  return engine != nullptr && std::string(engine) == "rendezvous";
+  return engine != nullptr && std::string(engine) == "slots";
 }
 
 bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<size_t>& sizes, int rounds, int batch,
@@ -50,9 +50,9 @@ bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<si
   size_t largest = 0;
   for (size_t s : sizes) largest = std::max(largest, s);
   std::vector<void*> sendBuf(batch, nullptr), recvBuf(batch, nullptr);
-  // The last receive buffer of a batch comes from the stream-ordered pool (not with the rendezvous
-  // engine, which needs buffers CUDA IPC can map).
-  const bool poolBuffer = batch > 1 && !rendezvousEngine();
+  // The last receive buffer of a batch comes from the stream-ordered pool, which CUDA IPC cannot
+  // map: the rendezvous engine then has the receiving side move the data.
+  const bool poolBuffer = batch > 1;
   for (int i = 0; i < batch; ++i) {
     TEST_CUDA_CHECK(cudaMalloc(&sendBuf[i], std::max<size_t>(largest, 1)));
     if (i == batch - 1 && poolBuffer) {
@@ -116,9 +116,9 @@ bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<si
 
 bool runRefusals(NcclSession& session, unifabPpGroup_t group, size_t chunk) {
   cudaStream_t stream = session.stream();
-  // More chunks than a call of the slots engine may post: refused before anything is posted (the
-  // pointer is never read).
-  if (!rendezvousEngine()) {
+  // More chunks than a call through the slots may post: refused before anything is posted (the
+  // pointer is never read). The rendezvous engine takes the slots for a rank's transfers to itself.
+  if (slotsEngine() || session.nRanks() == 1) {
     check(unifabPpSend(group, reinterpret_cast<void*>(16), 128 * chunk + 1, 0, stream) == unifabInvalidArgument,
           "a transfer of more than 128 chunks is refused");
   }
@@ -143,12 +143,12 @@ bool runRefusals(NcclSession& session, unifabPpGroup_t group, size_t chunk) {
   return true;
 }
 
-// A send nobody receives: its stream is released by the watchdog after UNIFAB_PP_TIMEOUT_MS (the
+// A send nobody receives (either engine): its stream is released by the watchdog after UNIFAB_PP_TIMEOUT_MS (the
 // ctest entry sets 2000), the group then reports the timeout and refuses further calls.
 bool runWatchdog(NcclSession& session, unifabPpGroup_t group) {
   if (session.rank() == 0 && session.nRanks() > 1) {
     void* data = nullptr;
-    const size_t bytes = size_t{4} << 16;  // 4 chunks through 2 slots: the third waits for a receive
+    const size_t bytes = size_t{4} << 16;  // slots: 4 chunks through 2, the third waits for a receive
     TEST_CUDA_CHECK(cudaMalloc(&data, bytes));
     const double start = nowSeconds();
     TEST_UNIFAB_CHECK(unifabPpSend(group, data, bytes, 1, session.stream()));

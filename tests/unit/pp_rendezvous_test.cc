@@ -39,6 +39,21 @@ TEST(PpRendezvous, FirstThenSecond) {
   EXPECT_EQ(theirs.bytes, posting(5, kSendSide).bytes);
 }
 
+// A side whose buffer the other cannot map waits for the other's posting and comes second, even
+// when it calls first; a free entry stays free meanwhile.
+TEST(PpRendezvous, UnreachableBufferComesSecond) {
+  RendezvousEntry entry{};
+  Posting theirs{};
+  EXPECT_EQ(arrive(entry, 1, 4, kRecvSide, posting(1, kRecvSide), &theirs, false), Arrival::kBusy);
+  EXPECT_EQ(entry.state.load(), 0u);
+  EXPECT_EQ(arrive(entry, 1, 4, kSendSide, posting(1, kSendSide), &theirs), Arrival::kFirst);
+  EXPECT_EQ(arrive(entry, 1, 4, kRecvSide, posting(1, kRecvSide), &theirs, false), Arrival::kSecond);
+  EXPECT_EQ(theirs.address, posting(1, kSendSide).address);
+  // Neither side may come first: nobody claims the entry (the caller's timeout reports it).
+  EXPECT_EQ(arrive(entry, 5, 4, kSendSide, posting(5, kSendSide), &theirs, false), Arrival::kBusy);
+  EXPECT_EQ(arrive(entry, 5, 4, kRecvSide, posting(5, kRecvSide), &theirs, false), Arrival::kBusy);
+}
+
 TEST(PpRendezvous, TwoThreadsMeetOnceForEveryTransfer) {
   constexpr int kRing = 8;
   constexpr uint64_t kTransfers = 20000;
@@ -53,7 +68,11 @@ TEST(PpRendezvous, TwoThreadsMeetOnceForEveryTransfer) {
       RendezvousEntry& e = entries[(s - 1) % kRing];
       Arrival a;
       Posting theirs{};
-      while ((a = arrive(e, s, kRing, me, posting(s, me), &theirs)) == Arrival::kBusy) std::this_thread::yield();
+      // Every third receive buffer cannot be reached by the sender: that transfer's send comes first.
+      const bool mayBeFirst = !(me == kRecvSide && s % 3 == 0);
+      while ((a = arrive(e, s, kRing, me, posting(s, me), &theirs, mayBeFirst)) == Arrival::kBusy) {
+        std::this_thread::yield();
+      }
       arrivals[me][s] = a;
       if (a == Arrival::kSecond) seen[me][s] = theirs.bytes;
     }
@@ -67,6 +86,9 @@ TEST(PpRendezvous, TwoThreadsMeetOnceForEveryTransfer) {
     ASSERT_NE(sendFirst, arrivals[kRecvSide][s] == Arrival::kFirst) << "transfer " << s;
     const int second = sendFirst ? kRecvSide : kSendSide;
     ASSERT_EQ(seen[second][s], posting(s, 1 - second).bytes) << "transfer " << s;
+    if (s % 3 == 0) {
+      ASSERT_TRUE(sendFirst) << "transfer " << s;
+    }
     firstSends += sendFirst;
   }
   // Both orders happen when the two sides race (not asserted: a scheduler may serialise them).
