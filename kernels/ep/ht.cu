@@ -661,8 +661,9 @@ __device__ __forceinline__ void reduceToken(const GroupView& g, const Routing& r
 
 // One combine, one kernel, pipelined per token. Block 0 checks that every rank entered this
 // combine (their partial buffers are free); remote blocks then push partial sums to the tokens'
-// ranks, each row followed by its flag; the other blocks reduce this rank's tokens as their
-// partials land, computing this rank's own partial in place instead of copying it.
+// ranks, each row followed by its flag, and reduce a few of the last tokens; the other blocks
+// reduce this rank's other tokens as their partials land, computing this rank's own partial in
+// place instead of copying it.
 __global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Routing r, CombineInput in,
                                                                    int remoteBlocks) {
   __shared__ uint64_t epochShared;
@@ -686,6 +687,12 @@ __global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Ro
   const int lane = threadIdx.x % kWarp;
   const int warpInBlock = static_cast<int>(threadIdx.x) / kWarp;
   const int warps = role.count * (kCombineThreads / kWarp);
+  // With separate sender blocks, each sender warp reduces one of the last tokens once its sends are
+  // done (at most 1 in 16 tokens): the reducers alone trailed the last partial by ~14 us, behind
+  // on tokens whose partials land as the sends end.
+  const bool split = remoteBlocks > 0 && remoteBlocks < static_cast<int>(gridDim.x);
+  const int helperTokens = split ? min(remoteBlocks * (kCombineThreads / kWarp), r.numTokens / 16) : 0;
+  const int reducerTokens = r.numTokens - helperTokens;
   if (role.remote) {
     if (threadIdx.x == 0) waitGo(g, &g.sync->combineGo, epoch);
     __syncthreads();
@@ -723,20 +730,32 @@ __global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Ro
       __syncthreads();
       tracePoint(g, kTraceCombineSent);
     }
+    if (!role.local) {
+      // Then one of the last tokens each (their partials land last, as these sends end).
+      const int h = role.index * (kCombineThreads / kWarp) + warpInBlock;
+      if (h < helperTokens) {
+        const int t = reducerTokens + h;
+        const uint64_t mask = __ldcg(r.tokenRanks + t);
+        const size_t ownRow = (mask >> g.rank) & 1ULL
+                                  ? ownFirst + __ldcg(r.tokenSlot + static_cast<size_t>(t) * g.nRanks + g.rank) : 0;
+        if (in.expertMajor) reduceToken<true>(g, r, in, t, mask, ownRow, epoch, lane);
+        else reduceToken<false>(g, r, in, t, mask, ownRow, epoch, lane);
+      }
+    }
   }
   if (role.local) {
     // Tokens 32 at a time per warp: lane k looks up token k's ranks and own row first.
-    for (int t0 = role.index * (kCombineThreads / kWarp) + warpInBlock; t0 < r.numTokens; t0 += warps * kWarp) {
+    for (int t0 = role.index * (kCombineThreads / kWarp) + warpInBlock; t0 < reducerTokens; t0 += warps * kWarp) {
       const int mine = t0 + lane * warps;
       uint64_t myMask = 0;
       int myOwnRow = 0;
-      if (mine < r.numTokens) {
+      if (mine < reducerTokens) {
         myMask = __ldcg(r.tokenRanks + mine);
         if ((myMask >> g.rank) & 1ULL) myOwnRow = ownFirst + __ldcg(r.tokenSlot + static_cast<size_t>(mine) * g.nRanks + g.rank);
       }
       for (int k = 0; k < kWarp; ++k) {
         const int t = t0 + k * warps;
-        if (t >= r.numTokens) break;
+        if (t >= reducerTokens) break;
         const uint64_t mask = __shfl_sync(0xffffffff, myMask, k);
         const size_t ownRow = static_cast<size_t>(__shfl_sync(0xffffffff, myOwnRow, k));
         if (in.expertMajor) reduceToken<true>(g, r, in, t, mask, ownRow, epoch, lane);
