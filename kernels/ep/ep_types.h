@@ -24,8 +24,7 @@ constexpr int kMaxBlocks = 256;      // blocks of one EP kernel (at most one per
 // values are epochs (call counts), so they only grow and never need resetting.
 struct Control {
   uint64_t dispatchDone[kMaxRanks];    // source s finished writing dispatch #epoch into us
-  uint64_t combineStart[kMaxRanks];    // source s entered combine #epoch (our partial buffers are free)
-  uint64_t combineDone[kMaxRanks];     // source s finished writing combine #epoch into us
+  uint64_t combineDone[kMaxRanks];     // rank s ended combine #epoch (its partial buffers are free)
 };
 
 // Byte offsets into the window (identical on all ranks) and the sizes they were made for.

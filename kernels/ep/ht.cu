@@ -659,8 +659,8 @@ __device__ __forceinline__ void reduceToken(const GroupView& g, const Routing& r
   }
 }
 
-// One combine, one kernel, pipelined per token. Block 0 checks that every rank entered this
-// combine (their partial buffers are free); remote blocks then push partial sums to the tokens'
+// One combine, one kernel, pipelined per token. Block 0 checks that every rank has ended its
+// previous combine (their partial buffers are free); remote blocks then push partial sums to the tokens'
 // ranks, each row followed by its flag, and reduce a few of the last tokens; the other blocks
 // reduce this rank's other tokens as their partials land, computing this rank's own partial in
 // place instead of copying it.
@@ -673,7 +673,13 @@ __global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Ro
   const uint64_t epoch = epochShared;
   if (timedOut(g)) return;
   if (blockIdx.x == 0) {
-    peerHandshake(g, offsetof(Control, combineStart), epoch);
+    // A peer's partial buffers are free once its previous combine has ended: it says so as it ends,
+    // so this wait usually finds the word written instead of paying a round trip with the peer.
+    if (threadIdx.x < g.nRanks) {
+      waitEpoch(reinterpret_cast<const uint64_t*>(at(g, g.rank, g.layout.control + offsetof(Control, combineDone))) +
+                    threadIdx.x,
+                epoch - 1, g.timeoutNs, g.error, g.hostError, kErrorTimeout);
+    }
     __syncthreads();
     tracePoint(g, kTraceCombineStarted);
     if (threadIdx.x == 0) {
@@ -768,6 +774,13 @@ __global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Ro
     }
   }
   if (lastBlockToFinish(g)) {
+    // Every block's reads of this rank's partials are done (the system fence of lastBlockToFinish
+    // orders them before): each peer may write its next combine's partials here.
+    if (threadIdx.x < g.nRanks) {
+      storeRelease(reinterpret_cast<uint64_t*>(at(g, threadIdx.x, g.layout.control + offsetof(Control, combineDone))) +
+                       g.rank,
+                   epoch);
+    }
     tracePoint(g, kTraceCombineEnd);
     if (threadIdx.x == 0) g.epochs->combine = epoch;
   }
