@@ -109,6 +109,10 @@ const std::vector<ParamEntry>& entries() {
         "Record when each phase of every EP call ends on the GPU (global timer) and log the averages "
         "when the group is destroyed (NCCL_DEBUG=INFO)"},
        0, 1, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.epTrace = v != 0; }},
+      {{"UNIFAB_EP_COMBINE_SENDERS", ParamType::kInt, "0", "0..1024",
+        "Blocks of a high-throughput combine that push partial sums to peers (the others reduce); 0 "
+        "takes the tuner's split. At least one block of each kind remains"},
+       0, 1024, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.epCombineSenders = v; }},
   };
   return table;
 }

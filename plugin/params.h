@@ -38,6 +38,7 @@ struct Params {
   std::string ppEngine;          // UNIFAB_PP_ENGINE: slots or rendezvous
   bool epValidateOnHost;         // UNIFAB_EP_VALIDATE
   bool epTrace;                  // UNIFAB_EP_TRACE
+  int64_t epCombineSenders;      // UNIFAB_EP_COMBINE_SENDERS: 0 = the tuner's split
 };
 
 enum class ParamType { kInt, kSize, kBool, kString, kChoice, kFloat };

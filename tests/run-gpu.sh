@@ -194,6 +194,12 @@ for step in $steps; do
         grep -E "^  (dispatch|combine)" "$logs/ep-sweep-$dtype-$sms.txt" | sed "s/^/$dtype $sms SMs: /" | tee -a "$summary"
       done
     done
+    say "== combine at 24 SMs by sender blocks (UNIFAB_EP_COMBINE_SENDERS; the tuner's split is 9)"
+    for senders in 7 8 9 10 11 12; do
+      UNIFAB_EP_COMBINE_SENDERS=$senders "$bench" ep --mode ht --dtype bf16 --sms 24 --ops combine --iters 30 --warmup 5 \
+        >"$logs/ep-senders-$senders.txt" 2>&1 || failed=1
+      grep -E "^  combine" "$logs/ep-senders-$senders.txt" | sed "s/^/$senders senders: /" | tee -a "$summary"
+    done
     ;;
   trace)
     say "== UNIFAB_EP_TRACE=1: phase ends per op alone (means over every call, warm-up included)"

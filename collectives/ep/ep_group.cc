@@ -527,8 +527,9 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
   input.combinedWeights = a.combinedWeights;
   const kep::Routing& r = handle->buffers->routing;
   const int blocks = smsFor(a.numSms);
-  UF_CUDA_CHECK(kep::launchCombine(view_, r, input, blocks,
-                                   unifab::tuner::epRemoteBlocks(unifab::tuner::EpOp::kCombine, view_.nRanks, blocks),
-                                   stream));
+  int senders = unifab::tuner::epRemoteBlocks(unifab::tuner::EpOp::kCombine, view_.nRanks, blocks);
+  const int64_t chosen = unifab::params().epCombineSenders;
+  if (chosen > 0 && senders > 0 && blocks > 1) senders = static_cast<int>(std::min<int64_t>(chosen, blocks - 1));
+  UF_CUDA_CHECK(kep::launchCombine(view_, r, input, blocks, senders, stream));
   return unifabSuccess;
 }
