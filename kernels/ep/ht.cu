@@ -660,10 +660,10 @@ __device__ __forceinline__ void reduceToken(const GroupView& g, const Routing& r
 }
 
 // One combine, one kernel, pipelined per token. Block 0 checks that every rank has ended its
-// previous combine (their partial buffers are free); remote blocks then push partial sums to the tokens'
-// ranks, each row followed by its flag, and reduce a few of the last tokens; the other blocks
-// reduce this rank's other tokens as their partials land, computing this rank's own partial in
-// place instead of copying it.
+// previous combine (their partial buffers are free); remote blocks then push partial sums to the
+// tokens' ranks, each row followed by its flag, and reduce a few of the last tokens; the other
+// blocks reduce this rank's other tokens as their partials land, computing this rank's own
+// partial in place instead of copying it.
 __global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Routing r, CombineInput in,
                                                                    int remoteBlocks) {
   __shared__ uint64_t epochShared;
