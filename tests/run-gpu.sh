@@ -165,6 +165,8 @@ for step in $steps; do
     }
     b="$nt/build"
     ntrun pp-check "$b/pp_sendrecv_perf" -t 2 -g 1 -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
+    ntrun pp-one-way UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -t 2 -g 1 -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
+    ntrun nccl-sendrecv "$b/sendrecv_perf" -t 2 -g 1 -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
     ntrun engram-check UNIFAB_ENGRAM_ROW_BYTES=14336 "$b/engram_read_perf" -t 2 -g 1 -b 14K -e 224M -f 4 -c 1 -n 20 -w 3
     for row in 4096 14336 65536; do
       ntrun "engram-random-$row" UNIFAB_ENGRAM_ROW_BYTES=$row UNIFAB_ENGRAM_RANDOM=1 "$b/engram_read_perf" -t 2 -g 1 -b 64M -e 64M -c 0 -n 20 -w 3

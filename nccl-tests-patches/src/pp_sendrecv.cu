@@ -5,7 +5,11 @@
  * and joined back, so that a transfer larger than the receiver's slots never waits behind its own
  * rank's send. Bandwidth as sendrecv_perf counts it (bytes / time, bus = alg). -c checks the
  * received bytes; -G is refused (the chunks are numbered on the host).
- * Environment: UNIFAB_PP_CHUNK_BYTES (0 = 8 MiB), UNIFAB_PP_CHUNKS_IN_FLIGHT (0 = 4).
+ * UNIFAB_PP_ONE_WAY=1 measures one direction instead, as a pipeline stage boundary does and as
+ * `unifab-bench pp` does: each even rank sends to the next odd rank, which receives (a last even
+ * rank without a partner idles).
+ * Environment: UNIFAB_PP_CHUNK_BYTES (0 = 8 MiB), UNIFAB_PP_CHUNKS_IN_FLIGHT (0 = 4),
+ * UNIFAB_PP_ONE_WAY (0).
  */
 #include "cuda_runtime.h"
 #include "common.h"
@@ -51,7 +55,11 @@ testResult_t PpInitData(struct threadArgs* args, ncclDataType_t type, ncclRedOp_
     void* data = in_place ? args->recvbuffs[i] : args->sendbuffs[i];
     TESTCHECK(InitData(data, sendcount, rank * sendcount, type, ncclSum, rep, 1, 0));
     int peer = (rank - 1 + nranks) % nranks;
-    TESTCHECK(InitData(args->expected[i], recvcount, peer * recvcount, type, ncclSum, rep, 1, 0));
+    if (unifabTestParam("UNIFAB_PP_ONE_WAY", 0) != 0 && rank % 2 == 0) {
+      CUDACHECK(cudaMemset(args->expected[i], 0, args->expectedBytes));  // an even rank only sends
+    } else {
+      TESTCHECK(InitData(args->expected[i], recvcount, peer * recvcount, type, ncclSum, rep, 1, 0));
+    }
     CUDACHECK(cudaDeviceSynchronize());
   }
   args->reportErrors = in_place ? 0 : 1;  // in place cannot hold what is sent and received at once
@@ -74,6 +82,14 @@ testResult_t PpRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, size_t
   NCCLCHECK(ncclCommCount(comm, &nRanks));
   NCCLCHECK(ncclCommUserRank(comm, &rank));
   const size_t bytes = count * wordSize(type);
+  if (unifabTestParam("UNIFAB_PP_ONE_WAY", 0) != 0) {
+    if (rank % 2 == 0 && rank + 1 < nRanks) {
+      UNIFABCHECK(unifabPpSend(s->group, (char*)sendbuff + sendoffset, bytes, rank + 1, stream));
+    } else if (rank % 2 == 1) {
+      UNIFABCHECK(unifabPpRecv(s->group, (char*)recvbuff + recvoffset, bytes, rank - 1, stream));
+    }
+    return testSuccess;
+  }
   CUDACHECK(cudaEventRecord(s->forked, stream));
   CUDACHECK(cudaStreamWaitEvent(s->recvStream, s->forked, 0));
   UNIFABCHECK(unifabPpSend(s->group, (char*)sendbuff + sendoffset, bytes, (rank + 1) % nRanks, stream));
