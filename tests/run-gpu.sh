@@ -5,6 +5,7 @@
 #   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [nccltests] [tunesweep] [epsweep] [trace] [sanitize] [sweep]
 #   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
+# UNIFAB_TUNESWEEP_NETS / UNIFAB_TUNESWEEP_OPS limit the tunesweep step (it runs ~2 min per pair);
 # UNIFAB_GPU_TESTS_LIMIT_S bounds the whole tests step (default 3000 s) so that a hang still
 # leaves its logs. nccltests needs nccl-tests v2.19.6 in NCCL_TESTS_SRC (default: .nccl-tests-src,
 # an ignored folder to `carry`).
@@ -180,9 +181,12 @@ for step in $steps; do
     ntrun moe-ll-dispatch UNIFAB_EP_MODE=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 1792K -e 1792K -c 0 -n 50 -w 10
     ;;
   tunesweep)
+    # ~1.6 s per configuration run: 22 configurations x 3 repetitions is ~2 min per collective and
+    # net, so a 10-minute device call takes a subset (UNIFAB_TUNESWEEP_NETS, UNIFAB_TUNESWEEP_OPS).
     say "== unifab-bench tune-sweep: forced NCCL configurations against the tuner and NCCL's default"
-    for net in nvlink unifab; do
-      "$bench" tune-sweep --net $net --min 8 --max 256M --factor 8 --iters 10 --warmup 2 --channels 2,8,32 \
+    for net in ${UNIFAB_TUNESWEEP_NETS:-nvlink unifab}; do
+      "$bench" tune-sweep --net $net --ops "${UNIFAB_TUNESWEEP_OPS:-all_reduce,all_gather,reduce_scatter}" \
+        --min 8 --max 256M --factor 8 --iters 20 --warmup 5 --reps 3 --channels 2,8,32 \
         --out "$logs/tune-sweep-$net" >"$logs/tune-sweep-$net.txt" 2>&1 || failed=1
       grep -E "^#|^  " "$logs/tune-sweep-$net.txt" | tee -a "$summary"
     done

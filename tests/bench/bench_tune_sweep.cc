@@ -1,8 +1,13 @@
 // unifab-bench tune-sweep: every algorithm x protocol x channel count NCCL accepts for a
 // collective, forced one at a time (NCCL_ALGO, NCCL_PROTO, NCCL_MIN/MAX_NCHANNELS, no tuner
 // plugin), next to NCCL's default choice and unifab's tuner, each a run of `unifab-bench coll`
-// over all local GPUs. Writes one CSV per configuration and a summary: per size, the best forced
-// configuration, and how far unifab's tuner and NCCL's default are from it.
+// over all local GPUs. The default and the tuner also run with the largest swept channel count
+// built at init (NCCL_MIN_NCHANNELS): a tuner cannot use more channels than NCCL built, so that is
+// the setup in which every forced configuration is within its reach. The whole list runs --reps
+// times, interleaved (these shared machines drift from minute to minute), and each
+// configuration's time per size is the median over the repetitions. Writes one CSV per
+// configuration and repetition and a summary: per size, the best forced configuration, and how
+// far the tuner and NCCL's default are from it.
 #include <cuda_runtime.h>
 #include <sys/stat.h>
 
@@ -69,6 +74,7 @@ int runTuneSweep(Args& args, const char* self) {
   const std::string factor = args.value("--factor", "4");
   const std::string iters = args.value("--iters", "20");
   const std::string warmup = args.value("--warmup", "3");
+  const int reps = std::max(1, atoi(args.value("--reps", "3").c_str()));
   const std::string net = args.value("--net", "nvlink");
   const std::string out = args.value("--out", "tune-sweep");
   const int nRanks = atoi(args.value("--nranks", "0").c_str());
@@ -94,13 +100,30 @@ int runTuneSweep(Args& args, const char* self) {
     fprintf(stderr, "unifab-bench tune-sweep: cannot write %s/summary.csv\n", out.c_str());
     return 1;
   }
-  fprintf(summary, "op,net,bytes,best_config,best_us,tuner_us,tuner_gap_pct,default_us,default_gap_pct\n");
+  fprintf(summary, "op,net,bytes,best_config,best_us,tuner_us,tuner_gap_pct,default_us,default_gap_pct,"
+                   "tuner_built_us,tuner_built_gap_pct,default_built_us,default_built_gap_pct\n");
+  std::string mostChannels = channels.empty() ? "" : channels.front();
+  for (const std::string& c : channels) {
+    if (atoi(c.c_str()) > atoi(mostChannels.c_str())) mostChannels = c;
+  }
   int failedRuns = 0;
-  double worstTunerGap = 0, worstTunerVsDefault = 0;
+  double worstTunerGap = 0, worstTunerBuiltGap = 0, worstTunerVsDefault = 0;
+  int gpus = nRanks;
+  if (gpus <= 0 && (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1)) {
+    fprintf(stderr, "unifab-bench tune-sweep: no CUDA device\n");
+    fclose(summary);
+    return 1;
+  }
   for (const std::string& op : ops) {
     std::vector<Config> configs;
     configs.push_back({"default", {"NCCL_TUNER_PLUGIN=none"}, false});
     configs.push_back({"unifab-tuner", {"NCCL_TUNER_PLUGIN=" + library}, false});
+    if (!mostChannels.empty()) {
+      configs.push_back({"default-built" + mostChannels, {"NCCL_TUNER_PLUGIN=none", "NCCL_MIN_NCHANNELS=" + mostChannels},
+                         false});
+      configs.push_back({"unifab-tuner-built" + mostChannels,
+                         {"NCCL_TUNER_PLUGIN=" + library, "NCCL_MIN_NCHANNELS=" + mostChannels}, false});
+    }
     for (const std::string& algo : algorithmsFor(op)) {
       for (const std::string& proto : protocols) {
         for (const std::string& c : channels) {
@@ -111,16 +134,11 @@ int runTuneSweep(Args& args, const char* self) {
         }
       }
     }
-    std::map<std::string, std::map<size_t, double>> results;
-    for (const Config& config : configs) {
-      const std::string csv = out + "/" + op + "." + net + "." + config.label + ".csv";
+    std::map<std::string, std::map<size_t, std::vector<double>>> samples;  // label -> bytes -> one per rep
+    // One run of `coll` in fresh processes; false when NCCL refused or failed the configuration.
+    auto runOnce = [&](const Config& config, int rep) {
+      const std::string csv = out + "/" + op + "." + net + "." + config.label + ".rep" + std::to_string(rep) + ".csv";
       test::LaunchOptions launch;
-      int gpus = nRanks;
-      if (gpus <= 0 && (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1)) {
-        fprintf(stderr, "unifab-bench tune-sweep: no CUDA device\n");
-        fclose(summary);
-        return 1;
-      }
       launch.nRanks = gpus;
       launch.timeoutSeconds = 600;
       const char* nvls = getenv("NCCL_NVLS_ENABLE");
@@ -133,18 +151,40 @@ int runTuneSweep(Args& args, const char* self) {
       const std::vector<std::string> argv = {self, "coll", "--op", op, "--min", minBytes, "--max", maxBytes,
                                              "--factor", factor, "--iters", iters, "--warmup", warmup, "--csv", csv};
       remove(csv.c_str());
-      if (test::launchRanks(launch, argv) != 0) {
-        ++failedRuns;
-        printf("# %s %s: NCCL refused or failed this configuration; skipped\n", op.c_str(), config.label.c_str());
-        continue;
+      if (test::launchRanks(launch, argv) != 0) return false;
+      for (const auto& [bytes, us] : readTimes(csv)) samples[config.label][bytes].push_back(us);
+      return true;
+    };
+    for (int rep = 1; rep <= reps; ++rep) {
+      for (const Config& config : configs) {
+        if (!runOnce(config, rep)) {
+          ++failedRuns;
+          printf("# %s %s (repetition %d): NCCL refused or failed this configuration; skipped\n", op.c_str(),
+                 config.label.c_str(), rep);
+        }
       }
-      results[config.label] = readTimes(csv);
+    }
+    std::map<std::string, std::map<size_t, double>> results;  // medians over the repetitions
+    for (auto& [label, bySize] : samples) {
+      for (auto& [bytes, times] : bySize) {
+        std::sort(times.begin(), times.end());
+        const size_t n = times.size();
+        results[label][bytes] = n % 2 == 1 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+      }
     }
     printf("# %s over %s: best forced configuration per size, and unifab's tuner and NCCL's default against it\n",
            op.c_str(), net.c_str());
-    printf("# %12s %-20s %10s %10s %8s %10s %8s\n", "bytes", "best", "best(us)", "tuner(us)", "gap", "default", "gap");
+    printf("# (median over %d repetitions; \"built\": %s channels built at init)\n", reps, mostChannels.c_str());
+    printf("# %12s %-20s %10s %10s %8s %10s %8s %10s %8s %10s %8s\n", "bytes", "best", "best(us)", "tuner(us)", "gap",
+           "default", "gap", "tuner+b", "gap", "default+b", "gap");
     const std::map<size_t, double>& tuner = results["unifab-tuner"];
     const std::map<size_t, double>& fallback = results["default"];
+    const std::map<size_t, double>& tunerBuilt = results["unifab-tuner-built" + mostChannels];
+    const std::map<size_t, double>& fallbackBuilt = results["default-built" + mostChannels];
+    auto timeAt = [](const std::map<size_t, double>& times, size_t bytes) {
+      auto it = times.find(bytes);
+      return it == times.end() ? 0.0 : it->second;
+    };
     for (const auto& [bytes, tunerUs] : tuner) {
       std::string best;
       double bestUs = 0;
@@ -157,24 +197,30 @@ int runTuneSweep(Args& args, const char* self) {
           bestUs = it->second;
         }
       }
-      auto d = fallback.find(bytes);
-      const double defaultUs = d == fallback.end() ? 0 : d->second;
+      const double defaultUs = timeAt(fallback, bytes);
+      const double tunerBuiltUs = timeAt(tunerBuilt, bytes), defaultBuiltUs = timeAt(fallbackBuilt, bytes);
       if (best.empty()) continue;
-      const double tunerGap = 100 * (tunerUs / bestUs - 1);
-      const double defaultGap = defaultUs > 0 ? 100 * (defaultUs / bestUs - 1) : 0;
+      auto gapOf = [&](double us) { return us > 0 ? 100 * (us / bestUs - 1) : 0.0; };
+      const double tunerGap = gapOf(tunerUs);
+      const double defaultGap = gapOf(defaultUs);
       // The acceptance rule: within 5 %, or within 1 us below 64 KiB.
       const bool smallEnough = bytes < (size_t{64} << 10) && tunerUs - bestUs <= 1.0;
       if (!smallEnough) worstTunerGap = std::max(worstTunerGap, tunerGap);
+      const bool builtSmallEnough = bytes < (size_t{64} << 10) && tunerBuiltUs - bestUs <= 1.0;
+      if (tunerBuiltUs > 0 && !builtSmallEnough) worstTunerBuiltGap = std::max(worstTunerBuiltGap, gapOf(tunerBuiltUs));
       if (defaultUs > 0) worstTunerVsDefault = std::max(worstTunerVsDefault, 100 * (tunerUs / defaultUs - 1));
-      printf("  %12zu %-20s %10.1f %10.1f %7.1f%% %10.1f %7.1f%%\n", bytes, best.c_str(), bestUs, tunerUs, tunerGap,
-             defaultUs, defaultGap);
-      fprintf(summary, "%s,%s,%zu,%s,%.2f,%.2f,%.2f,%.2f,%.2f\n", op.c_str(), net.c_str(), bytes, best.c_str(), bestUs,
-              tunerUs, tunerGap, defaultUs, defaultGap);
+      printf("  %12zu %-20s %10.1f %10.1f %7.1f%% %10.1f %7.1f%% %10.1f %7.1f%% %10.1f %7.1f%%\n", bytes, best.c_str(),
+             bestUs, tunerUs, tunerGap, defaultUs, defaultGap, tunerBuiltUs, gapOf(tunerBuiltUs), defaultBuiltUs,
+             gapOf(defaultBuiltUs));
+      fprintf(summary, "%s,%s,%zu,%s,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n", op.c_str(), net.c_str(), bytes,
+              best.c_str(), bestUs, tunerUs, tunerGap, defaultUs, defaultGap, tunerBuiltUs, gapOf(tunerBuiltUs),
+              defaultBuiltUs, gapOf(defaultBuiltUs));
     }
   }
   fclose(summary);
   printf("# worst gap of unifab's tuner to the best forced configuration (sizes >= 64 KiB, or > 1 us below): %.1f%%\n",
          worstTunerGap);
+  printf("# the same with the most channels built at init: %.1f%%\n", worstTunerBuiltGap);
   printf("# worst slowdown of unifab's tuner against NCCL's default: %.1f%%; %d configuration runs refused\n",
          worstTunerVsDefault, failedRuns);
   return 0;

@@ -37,8 +37,9 @@ void usage() {
       "  engram --rows LIST --fetch BYTES --iters N [--csv FILE]\n"
       "        Engram fetches of random peer rows per engine and SM count, against a plain gather kernel\n"
       "  tune-sweep --ops LIST --channels LIST --protocols LIST --min B --max B --factor F --iters N\n"
-      "        --net nvlink|unifab --out DIR: every forced NCCL configuration, NCCL's default and\n"
-      "        unifab's tuner; per size the best configuration and both gaps (DIR/summary.csv)\n"
+      "        --reps N --net nvlink|unifab --out DIR: every forced NCCL configuration, NCCL's default\n"
+      "        and unifab's tuner (also with the most channels built), interleaved N times; per size the\n"
+      "        best configuration and the gaps, medians over the repetitions (DIR/summary.csv)\n"
       "  copy-routes --bytes BYTES --busy-ms MS\n"
       "        each device-to-device copy route alone and next to a kernel holding every SM (one process)\n");
 }
