@@ -366,8 +366,10 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
     }
     if (bytes > 0 && !peer.sameProcess) {
       if (first.mappable == 0) {
-        return UF_ERROR(unifabInvalidUsage, kExt, "pipeline %s %llu with rank %d: rank %d's buffer cannot be mapped by "
-                        "CUDA IPC (allocate it with cudaMalloc, or use UNIFAB_PP_ENGINE=slots); its call will time out",
+        // A call with an unmappable buffer never comes first (mayBeFirst), so this is a peer that
+        // does not follow that protocol.
+        return UF_ERROR(unifabInternalError, kExt, "pipeline %s %llu with rank %d: rank %d came first with a buffer "
+                        "CUDA IPC cannot map (do both ranks load the same unifab build?); its call will time out",
                         call, static_cast<unsigned long long>(sequence), peerRank, peerRank);
       }
       UF_CHECK(importer_.map(to, first, &firstData));
