@@ -35,7 +35,7 @@ struct EngramRow {
   std::string engine;
   int sms;
   size_t rows;
-  double us;
+  double us, backToBackUs, hostUs;
 };
 
 bool runEngramRank(const EngramRun& run, const test::RankEnvironment& env) {
@@ -101,15 +101,42 @@ bool runEngramRank(const EngramRun& run, const test::RankEnvironment& env) {
                                  session.stream()) == cudaSuccess;
       };
     };
+    // The copy engine's own rate for the same row copies, with none of Engram's work: one
+    // cudaMemcpyBatchAsync of every row, in the order Engram asks for (stream order, overlap
+    // hint) and with the driver free to reorder.
+    std::vector<void*> rowDsts(rows);
+    std::vector<const void*> rowSrcs(rows);
+    std::vector<size_t> rowSizes(rows, rowBytes);
+    for (size_t i = 0; i < rows; ++i) {
+      rowDsts[i] = static_cast<char*>(out) + i * rowBytes;
+      rowSrcs[i] = plain.peer(peer) + static_cast<size_t>(local[i]) * rowBytes;
+    }
+    auto rawBatch = [&](cudaMemcpySrcAccessOrder order, unsigned flags) {
+      return [&, order, flags] {
+        cudaMemcpyAttributes attributes{};
+        attributes.srcAccessOrder = order;
+        attributes.flags = flags;
+        size_t attributeIndex = 0;
+        return cudaMemcpyBatchAsync(rowDsts.data(), rowSrcs.data(), rowSizes.data(), rows, &attributes,
+                                    &attributeIndex, 1, session.stream()) == cudaSuccess;
+      };
+    };
     OpTimes t;
     for (int sms : {1, 2, 4}) {
       if (!timeOp(session, timer, run.iters, run.warmup, fetch(unifabEngramSmGather, sms), &t)) return false;
-      results.push_back({rowBytes, "gather kernel", sms, rows, t.us});
+      results.push_back({rowBytes, "gather kernel", sms, rows, t.us, t.backToBackUs, t.hostUs});
       if (!timeOp(session, timer, run.iters, run.warmup, plainGather(sms), &t)) return false;
-      results.push_back({rowBytes, "plain gather (baseline)", sms, rows, t.us});
+      results.push_back({rowBytes, "plain gather (baseline)", sms, rows, t.us, t.backToBackUs, t.hostUs});
     }
     if (!timeOp(session, timer, run.iters, run.warmup, fetch(unifabEngramCopyEngine, 0), &t)) return false;
-    results.push_back({rowBytes, "copy engine", 0, rows, t.us});
+    results.push_back({rowBytes, "copy engine", 0, rows, t.us, t.backToBackUs, t.hostUs});
+    if (!timeOp(session, timer, run.iters, run.warmup,
+                rawBatch(cudaMemcpySrcAccessOrderStream, cudaMemcpyFlagPreferOverlapWithCompute), &t)) {
+      return false;
+    }
+    results.push_back({rowBytes, "raw batch, as Engram asks", 0, rows, t.us, t.backToBackUs, t.hostUs});
+    if (!timeOp(session, timer, run.iters, run.warmup, rawBatch(cudaMemcpySrcAccessOrderAny, 0), &t)) return false;
+    results.push_back({rowBytes, "raw batch, any order", 0, rows, t.us, t.backToBackUs, t.hostUs});
     if (unifabEngramGetAsyncError(table) != unifabSuccess) {
       fprintf(stderr, "rank %d: %s\n", env.rank, unifabGetLastError());
       return false;
@@ -123,18 +150,22 @@ bool runEngramRank(const EngramRun& run, const test::RankEnvironment& env) {
   if (env.rank == 0) {
     printf("# unifab-bench engram: random rows of the peer GPU; median of %d after %d warm-up, L2 flushed, slower "
            "rank; GB/s = 1e9 B/s of rows fetched\n", run.iters, run.warmup);
-    printf("# %9s %-26s %4s %8s %10s %10s %10s\n", "row B", "engine", "SMs", "rows", "time(us)", "Mrows/s", "GB/s");
+    printf("# b2b = per fetch (issue + wait) of %d in a row with no flush or barrier between them (as nccl-tests times)\n",
+           kBackToBack);
+    printf("# %9s %-26s %4s %8s %10s %10s %10s %10s %10s %10s\n", "row B", "engine", "SMs", "rows", "time(us)",
+           "Mrows/s", "GB/s", "b2b(us)", "GB/s", "host(us)");
     for (const EngramRow& r : results) {
-      printf("  %9zu %-26s %4d %8zu %10.1f %10.2f %10.1f\n", r.rowBytes, r.engine.c_str(), r.sms, r.rows, r.us,
-             r.rows / r.us, static_cast<double>(r.rows) * r.rowBytes / (r.us * 1e3));
+      const double bytes = static_cast<double>(r.rows) * r.rowBytes;
+      printf("  %9zu %-26s %4d %8zu %10.1f %10.2f %10.1f %10.1f %10.1f %10.1f\n", r.rowBytes, r.engine.c_str(), r.sms,
+             r.rows, r.us, r.rows / r.us, bytes / (r.us * 1e3), r.backToBackUs, bytes / (r.backToBackUs * 1e3), r.hostUs);
     }
     if (!run.csv.empty()) {
       FILE* f = fopen(run.csv.c_str(), "w");
       if (f != nullptr) {
-        fprintf(f, "row_bytes,engine,sms,rows,time_us,mrows_per_s,gbs\n");
+        fprintf(f, "row_bytes,engine,sms,rows,time_us,mrows_per_s,gbs,b2b_us\n");
         for (const EngramRow& r : results) {
-          fprintf(f, "%zu,%s,%d,%zu,%.2f,%.3f,%.2f\n", r.rowBytes, r.engine.c_str(), r.sms, r.rows, r.us, r.rows / r.us,
-                  static_cast<double>(r.rows) * r.rowBytes / (r.us * 1e3));
+          fprintf(f, "%zu,%s,%d,%zu,%.2f,%.3f,%.2f,%.2f\n", r.rowBytes, r.engine.c_str(), r.sms, r.rows, r.us,
+                  r.rows / r.us, static_cast<double>(r.rows) * r.rowBytes / (r.us * 1e3), r.backToBackUs);
         }
         fclose(f);
       }

@@ -86,21 +86,26 @@ bool runPpRank(const PpRun& run, const test::RankEnvironment& env) {
            "after %d warm-up, L2 flushed, slower rank; GB/s = 1e9 B/s\n", engine != nullptr ? engine : "rendezvous",
            (run.chunkBytes ? run.chunkBytes : size_t{8} << 20) >> 10, run.chunksInFlight ? run.chunksInFlight : 4,
            run.iters, run.warmup);
-    printf("# %12s %12s %10s %12s %10s %12s %10s\n", "bytes", "unifab(us)", "GB/s", "nccl(us)", "GB/s", "copy eng(us)",
-           "GB/s");
+    printf("# b2b = per call of %d calls in a row with no flush or barrier between them (as nccl-tests times)\n",
+           kBackToBack);
+    printf("# %12s %12s %10s %12s %10s %12s %10s %12s %10s %12s %10s\n", "bytes", "unifab(us)", "GB/s", "nccl(us)",
+           "GB/s", "copy eng(us)", "GB/s", "unifab b2b", "GB/s", "nccl b2b", "GB/s");
     for (const Row& r : rows) {
       const double b = static_cast<double>(r.bytes);
-      printf("  %12zu %12.1f %10.1f %12.1f %10.1f %12.1f %10.1f\n", r.bytes, r.unifab.us, b / (r.unifab.us * 1e3),
-             r.nccl.us, b / (r.nccl.us * 1e3), r.copyEngineUs, b / (r.copyEngineUs * 1e3));
+      printf("  %12zu %12.1f %10.1f %12.1f %10.1f %12.1f %10.1f %12.1f %10.1f %12.1f %10.1f\n", r.bytes, r.unifab.us,
+             b / (r.unifab.us * 1e3), r.nccl.us, b / (r.nccl.us * 1e3), r.copyEngineUs, b / (r.copyEngineUs * 1e3),
+             r.unifab.backToBackUs, b / (r.unifab.backToBackUs * 1e3), r.nccl.backToBackUs,
+             b / (r.nccl.backToBackUs * 1e3));
     }
     if (!run.csv.empty()) {
       FILE* f = fopen(run.csv.c_str(), "w");
       if (f != nullptr) {
-        fprintf(f, "bytes,unifab_us,unifab_gbs,nccl_us,nccl_gbs,copy_engine_us,copy_engine_gbs\n");
+        fprintf(f, "bytes,unifab_us,unifab_gbs,nccl_us,nccl_gbs,copy_engine_us,copy_engine_gbs,unifab_b2b_us,nccl_b2b_us\n");
         for (const Row& r : rows) {
           const double b = static_cast<double>(r.bytes);
-          fprintf(f, "%zu,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n", r.bytes, r.unifab.us, b / (r.unifab.us * 1e3), r.nccl.us,
-                  b / (r.nccl.us * 1e3), r.copyEngineUs, b / (r.copyEngineUs * 1e3));
+          fprintf(f, "%zu,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n", r.bytes, r.unifab.us, b / (r.unifab.us * 1e3),
+                  r.nccl.us, b / (r.nccl.us * 1e3), r.copyEngineUs, b / (r.copyEngineUs * 1e3), r.unifab.backToBackUs,
+                  r.nccl.backToBackUs);
         }
         fclose(f);
       }

@@ -3,9 +3,13 @@
 // issuing GPU for about --busy-ms; a route that waits for the SMs takes about that long next to
 // it, one on a copy engine takes about its time alone. Single process; the peer routes need a
 // second GPU. The zero-SM operations (pipeline send/recv, Engram's copy engine) choose their
-// copies by what this prints.
+// copies by what this prints. With two GPUs it then measures what bounds those operations from
+// below: the copy engine's rate for row copies per issuing stream, and the latency of a zero-SM
+// hand-over between the GPUs and of a whole zero-SM rendezvous transfer.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -43,6 +47,235 @@ cudaError_t batchCopy(void* dst, const void* src, size_t bytes, cudaMemcpySrcAcc
   attributes.flags = flags;
   size_t attributeIndex = 0;
   return cudaMemcpyBatchAsync(&dst, &src, &bytes, 1, &attributes, &attributeIndex, 1, stream);
+}
+
+// The two stream memory operations a zero-SM hand-over is made of, from the driver.
+struct MemOps {
+  using Op = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  Op wait = nullptr, write = nullptr;
+  bool resolve() {
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    void* w = nullptr;
+    void* x = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &w, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess ||
+        cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &x, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return false;
+    }
+    wait = reinterpret_cast<Op>(w);
+    write = reinterpret_cast<Op>(x);
+    return true;
+  }
+};
+
+#define MEMOP_CHECK(call)                                                      \
+  do {                                                                         \
+    const CUresult r_ = (call);                                                \
+    if (r_ != CUDA_SUCCESS) {                                                  \
+      fprintf(stderr, "%s:%d: %s failed: CUresult %d\n", __FILE__, __LINE__, #call, static_cast<int>(r_)); \
+      return false;                                                            \
+    }                                                                          \
+  } while (0)
+
+// What a zero-SM transfer between two GPUs cannot go below: the time a stream memory write on one
+// GPU takes to release a stream memory wait on the other (flag ping-pong, half the round trip),
+// and the rendezvous a pipeline transfer is made of, without any of unifab's host work: the
+// receiver's stream says "my buffer is ready" to the sender's, whose copy engine copies into it
+// and says "done" back. Both GPUs in this process, flags in the waiting GPU's memory.
+bool measureHandOver(char* local, char* peer, size_t maxBytes) {
+  MemOps ops;
+  if (!ops.resolve()) {
+    printf("# hand-over: the driver has no 64-bit stream memory operations; skipped\n");
+    return true;
+  }
+  uint64_t *flag0 = nullptr, *flag1 = nullptr;  // on GPU 0 and on GPU 1
+  cudaStream_t s0 = nullptr, s1 = nullptr;
+  TEST_CUDA_CHECK(cudaSetDevice(1));
+  const cudaError_t back = cudaDeviceEnablePeerAccess(0, 0);
+  if (back != cudaSuccess && back != cudaErrorPeerAccessAlreadyEnabled) TEST_CUDA_CHECK(back);
+  (void)cudaGetLastError();
+  constexpr size_t kFlushBytes = size_t{256} << 20;  // both L2s flushed before a transfer timed alone
+  char *flush0 = nullptr, *flush1 = nullptr;
+  TEST_CUDA_CHECK(cudaMalloc(&flush1, kFlushBytes));
+  TEST_CUDA_CHECK(cudaMalloc(&flag1, 2 * sizeof(uint64_t)));
+  TEST_CUDA_CHECK(cudaMemset(flag1, 0, 2 * sizeof(uint64_t)));
+  TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  cudaEvent_t start1 = nullptr, stop1 = nullptr;
+  TEST_CUDA_CHECK(cudaEventCreate(&start1));
+  TEST_CUDA_CHECK(cudaEventCreate(&stop1));
+  TEST_CUDA_CHECK(cudaDeviceSynchronize());
+  TEST_CUDA_CHECK(cudaSetDevice(0));
+  TEST_CUDA_CHECK(cudaMalloc(&flush0, kFlushBytes));
+  TEST_CUDA_CHECK(cudaMalloc(&flag0, 2 * sizeof(uint64_t)));
+  TEST_CUDA_CHECK(cudaMemset(flag0, 0, 2 * sizeof(uint64_t)));
+  TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+  TEST_CUDA_CHECK(cudaDeviceSynchronize());
+  auto dev = [](const uint64_t* p) { return reinterpret_cast<CUdeviceptr>(p); };
+  uint64_t value = 0;
+
+  // Ping-pong: GPU 0 writes GPU 1's flag and waits for its own; GPU 1 answers.
+  constexpr int kRounds = 200;
+  cudaEvent_t start0 = nullptr, stop0 = nullptr;
+  TEST_CUDA_CHECK(cudaEventCreate(&start0));
+  TEST_CUDA_CHECK(cudaEventCreate(&stop0));
+  TEST_CUDA_CHECK(cudaEventRecord(start0, s0));
+  for (int i = 0; i < kRounds; ++i) {
+    ++value;
+    MEMOP_CHECK(ops.write(reinterpret_cast<CUstream>(s0), dev(flag1), value, CU_STREAM_WRITE_VALUE_DEFAULT));
+    MEMOP_CHECK(ops.wait(reinterpret_cast<CUstream>(s0), dev(flag0), value, CU_STREAM_WAIT_VALUE_GEQ));
+    MEMOP_CHECK(ops.wait(reinterpret_cast<CUstream>(s1), dev(flag1), value, CU_STREAM_WAIT_VALUE_GEQ));
+    MEMOP_CHECK(ops.write(reinterpret_cast<CUstream>(s1), dev(flag0), value, CU_STREAM_WRITE_VALUE_DEFAULT));
+  }
+  TEST_CUDA_CHECK(cudaEventRecord(stop0, s0));
+  TEST_CUDA_CHECK(cudaEventSynchronize(stop0));
+  float ms = 0;
+  TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, start0, stop0));
+  printf("# hand-over by stream memory operations between the GPUs: %.2f us one way (ping-pong of %d rounds)\n",
+         ms * 1e3 / kRounds / 2, kRounds);
+
+  // The rendezvous: receiver (GPU 1) says ready, sender (GPU 0) copies into GPU 1 and says done.
+  // Timed on the receiver's stream from before its ready to after its done wait: one transfer at
+  // a time after both L2s are flushed (the sender's operations enqueued first), median of 30, as
+  // unifab-bench pp times; and 30 back to back with no flush, as nccl-tests times.
+  printf("# %-44s %10s %12s %12s\n", "zero-SM rendezvous, GPU 0 -> GPU 1", "copy(us)", "one(us)", "b2b(us)");
+  for (size_t bytes = size_t{64} << 10; bytes <= maxBytes && bytes <= (size_t{64} << 20); bytes *= 4) {
+    auto transfer = [&](bool timedAlone, std::vector<double>* samples) {
+      ++value;
+      if (timedAlone) {
+        TEST_CUDA_CHECK(cudaMemsetAsync(flush0, static_cast<int>(value & 0xff), kFlushBytes, s0));
+        TEST_CUDA_CHECK(cudaSetDevice(1));
+        TEST_CUDA_CHECK(cudaMemsetAsync(flush1, static_cast<int>(value & 0xff), kFlushBytes, s1));
+        TEST_CUDA_CHECK(cudaSetDevice(0));
+      }
+      MEMOP_CHECK(ops.wait(reinterpret_cast<CUstream>(s0), dev(flag0 + 1), value, CU_STREAM_WAIT_VALUE_GEQ));
+      TEST_CUDA_CHECK(cudaMemcpyAsync(peer, local, bytes, cudaMemcpyDeviceToDevice, s0));
+      MEMOP_CHECK(ops.write(reinterpret_cast<CUstream>(s0), dev(flag1 + 1), value, CU_STREAM_WRITE_VALUE_DEFAULT));
+      if (timedAlone) TEST_CUDA_CHECK(cudaEventRecord(start1, s1));
+      MEMOP_CHECK(ops.write(reinterpret_cast<CUstream>(s1), dev(flag0 + 1), value, CU_STREAM_WRITE_VALUE_DEFAULT));
+      MEMOP_CHECK(ops.wait(reinterpret_cast<CUstream>(s1), dev(flag1 + 1), value, CU_STREAM_WAIT_VALUE_GEQ));
+      if (timedAlone) {
+        TEST_CUDA_CHECK(cudaEventRecord(stop1, s1));
+        TEST_CUDA_CHECK(cudaEventSynchronize(stop1));
+        float t = 0;
+        TEST_CUDA_CHECK(cudaEventElapsedTime(&t, start1, stop1));
+        samples->push_back(t * 1e3);
+      }
+      return true;
+    };
+    std::vector<double> alone, copy;
+    for (int i = 0; i < 35; ++i) {
+      if (!transfer(true, &alone)) return false;
+      TEST_CUDA_CHECK(cudaEventRecord(start0, s0));
+      TEST_CUDA_CHECK(cudaMemcpyAsync(peer, local, bytes, cudaMemcpyDeviceToDevice, s0));
+      TEST_CUDA_CHECK(cudaEventRecord(stop0, s0));
+      TEST_CUDA_CHECK(cudaEventSynchronize(stop0));
+      float t = 0;
+      TEST_CUDA_CHECK(cudaEventElapsedTime(&t, start0, stop0));
+      copy.push_back(t * 1e3);
+    }
+    alone.erase(alone.begin(), alone.begin() + 5);  // warm-up
+    copy.erase(copy.begin(), copy.begin() + 5);
+    TEST_CUDA_CHECK(cudaEventRecord(start1, s1));
+    constexpr int kInRow = 30;
+    for (int i = 0; i < kInRow; ++i) {
+      if (!transfer(false, nullptr)) return false;
+    }
+    TEST_CUDA_CHECK(cudaEventRecord(stop1, s1));
+    TEST_CUDA_CHECK(cudaEventSynchronize(stop1));
+    TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, start1, stop1));
+    printf("  %-44s %10.1f %12.1f %12.1f\n", formatBytes(bytes).c_str(), median(copy), median(alone), ms * 1e3 / kInRow);
+  }
+  TEST_CUDA_CHECK(cudaDeviceSynchronize());
+  TEST_CUDA_CHECK(cudaSetDevice(1));
+  TEST_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaStreamDestroy(s1);
+  cudaEventDestroy(start1);
+  cudaEventDestroy(stop1);
+  cudaFree(flag1);
+  cudaFree(flush1);
+  TEST_CUDA_CHECK(cudaSetDevice(0));
+  cudaStreamDestroy(s0);
+  cudaEventDestroy(start0);
+  cudaEventDestroy(stop0);
+  cudaFree(flag0);
+  cudaFree(flush0);
+  return true;
+}
+
+// Row copies out of the peer GPU (what an Engram copy-engine fetch is): 64 KiB rows in a random
+// order, one cudaMemcpyBatchAsync per fetch, timed on the stream that issues it. Issued from one
+// stream, then another, then the first again, then both at once (half the rows each): whether the
+// copy engine's rate belongs to the process, to a stream or to the first stream that copied.
+bool measureRowCopyStreams(char* local, char* peer, size_t bytes) {
+  constexpr size_t kRow = size_t{64} << 10;
+  const size_t rows = bytes / kRow;
+  if (rows < 2) return true;
+  std::vector<void*> dsts(rows);
+  std::vector<const void*> srcs(rows);
+  std::vector<size_t> sizes(rows, kRow);
+  std::vector<size_t> order(rows);
+  for (size_t i = 0; i < rows; ++i) order[i] = i;
+  uint64_t state = 4711;
+  for (size_t i = rows - 1; i > 0; --i) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    std::swap(order[i], order[(state >> 33) % (i + 1)]);
+  }
+  for (size_t i = 0; i < rows; ++i) {
+    dsts[i] = local + i * kRow;
+    srcs[i] = peer + order[i] * kRow;
+  }
+  cudaStream_t streams[2] = {nullptr, nullptr};
+  cudaEvent_t starts[2] = {nullptr, nullptr}, stops[2] = {nullptr, nullptr};
+  for (int k = 0; k < 2; ++k) {
+    TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[k], cudaStreamNonBlocking));
+    TEST_CUDA_CHECK(cudaEventCreate(&starts[k]));
+    TEST_CUDA_CHECK(cudaEventCreate(&stops[k]));
+  }
+  auto batch = [&](int k, size_t first, size_t count) {
+    cudaMemcpyAttributes attributes{};
+    attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attributes.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attributeIndex = 0;
+    return cudaMemcpyBatchAsync(dsts.data() + first, srcs.data() + first, sizes.data() + first, count, &attributes,
+                                &attributeIndex, 1, streams[k]);
+  };
+  printf("# %zu random 64 KiB rows out of the peer, one batch per fetch (median of 9 fetches)\n", rows);
+  const char* names[] = {"stream A", "stream B", "stream A again", "streams A and B at once (half each)"};
+  for (int phase = 0; phase < 4; ++phase) {
+    std::vector<double> samples;
+    for (int i = 0; i < 10; ++i) {
+      TEST_CUDA_CHECK(cudaDeviceSynchronize());
+      const bool both = phase == 3;
+      const int k = phase == 1 ? 1 : 0;
+      if (both) {
+        TEST_CUDA_CHECK(cudaEventRecord(starts[0], streams[0]));
+        TEST_CUDA_CHECK(cudaStreamWaitEvent(streams[1], starts[0], 0));
+        TEST_CUDA_CHECK(batch(0, 0, rows / 2));
+        TEST_CUDA_CHECK(batch(1, rows / 2, rows - rows / 2));
+        TEST_CUDA_CHECK(cudaEventRecord(stops[1], streams[1]));
+        TEST_CUDA_CHECK(cudaStreamWaitEvent(streams[0], stops[1], 0));
+        TEST_CUDA_CHECK(cudaEventRecord(stops[0], streams[0]));
+      } else {
+        TEST_CUDA_CHECK(cudaEventRecord(starts[0], streams[k]));
+        TEST_CUDA_CHECK(batch(k, 0, rows));
+        TEST_CUDA_CHECK(cudaEventRecord(stops[0], streams[k]));
+      }
+      TEST_CUDA_CHECK(cudaEventSynchronize(stops[0]));
+      float ms = 0;
+      TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, starts[0], stops[0]));
+      if (i > 0) samples.push_back(ms * 1e3);
+    }
+    const double us = median(samples);
+    printf("  %-44s %10.1f us %8.1f GB/s %6.2f M copies/s\n", names[phase], us, rows * kRow / (us * 1e3), rows / us);
+  }
+  TEST_CUDA_CHECK(cudaDeviceSynchronize());
+  for (int k = 0; k < 2; ++k) {
+    cudaStreamDestroy(streams[k]);
+    cudaEventDestroy(starts[k]);
+    cudaEventDestroy(stops[k]);
+  }
+  return true;
 }
 
 bool run(size_t bytes, double busyMs) {
@@ -112,6 +345,8 @@ bool run(size_t bytes, double busyMs) {
     printf("  %-44s %10.3f %12.3f %s\n", route.name, ms[0], ms[1], waited ? "waits for SMs" : "copy engine (no SM)");
   }
   TEST_CUDA_CHECK(cudaDeviceSynchronize());
+  if (peer != nullptr && !measureRowCopyStreams(b, peer, bytes)) return false;
+  if (peer != nullptr && !measureHandOver(a, peer, bytes)) return false;
   cudaStreamDestroy(busy);
   cudaStreamDestroy(copies);
   cudaFree(a);
