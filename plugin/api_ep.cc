@@ -54,6 +54,15 @@ UNIFAB_API unifabResult_t unifabEpCombine(unifabEpGroup_t group, unifabEpHandle_
   });
 }
 
+UNIFAB_API unifabResult_t unifabEpCombineInputBuffer(unifabEpGroup_t group, void** buffer, int* maxRows) {
+  return guarded(LogComponent::kExt, "unifabEpCombineInputBuffer", [&] {
+    if (group == nullptr || buffer == nullptr) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpCombineInputBuffer: group and buffer must not be NULL");
+    }
+    return group->combineInputBuffer(buffer, maxRows);
+  });
+}
+
 UNIFAB_API unifabResult_t unifabEpLowLatencyDispatch(unifabEpGroup_t group, const unifabEpLowLatencyDispatchArgs_t* args,
                                                      cudaStream_t stream, unifabEpHandle_t* handle,
                                                      unifabEpLowLatencyDispatchResult_t* result) {

@@ -214,7 +214,7 @@ for step in $steps; do
         UNIFAB_EP_TRACE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "$bench" ep --mode ht --dtype $dtype --ops $ops \
           --iters 30 --warmup 5 >"$logs/ep-trace-$dtype-$ops.txt" 2>&1 || failed=1
         grep -E "^  (dispatch|combine)" "$logs/ep-trace-$dtype-$ops.txt" | sed "s/^/$dtype $ops: /" | tee -a "$summary"
-        grep -o -E "EP trace rank 0: .*" "$logs/ep-trace-$dtype-$ops.txt" | grep -v "mean of 0)" | sed "s/^/  /" | tee -a "$summary"
+        grep -o -E "EP trace rank [0-9]+: .*" "$logs/ep-trace-$dtype-$ops.txt" | grep -v "mean of 0)" | sed "s/^/  /" | tee -a "$summary"
       done
     done
     ;;

@@ -160,6 +160,7 @@ Result unifabEpGroup::planLayout(const unifabEpConfig_t& config, int nRanks, kep
   L.combineX = window.reserve(static_cast<size_t>(nRanks) * config.maxTokensPerRank * config.hidden * 2);
   L.combineWeights = window.reserve(sizeof(float) * static_cast<size_t>(nRanks) * config.maxTokensPerRank * config.topk);
   L.combineFlags = window.reserve(sizeof(uint64_t) * static_cast<size_t>(nRanks) * config.maxTokensPerRank);
+  L.combineIn = window.reserve(cap * L.rowBytes);
   L.total = window.used();
   *layout = L;
   return unifabSuccess;
@@ -231,7 +232,7 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
     v.blockTokenStride = v.maxTokensPerRank + v.maxBlocks;
     v.blockTokens = carve.take<int>(static_cast<size_t>(v.nRanks) * v.blockTokenStride);
     v.error = carve.take<int>(1);
-    v.trace = unifab::params().epTrace ? carve.take<unsigned long long>(2 * kep::kTracePoints) : nullptr;
+    v.trace = unifab::params().epTrace ? carve.take<unsigned long long>(kep::kTraceWords) : nullptr;
     rows.x = carve.take<char>(cap * layout.rowBytes);
     rows.scales = carve.take<float>(cap * (config.hidden / kep::kScaleBlock));
     rows.topk = carve.take<int>(cap * config.topk);
@@ -281,21 +282,38 @@ unifabEpGroup::~unifabEpGroup() {
 }
 
 void unifabEpGroup::logTrace() const {
-  unsigned long long trace[2 * kep::kTracePoints];
-  if (cudaMemcpy(trace, view_.trace, sizeof(trace), cudaMemcpyDeviceToHost) != cudaSuccess) {
+  std::vector<unsigned long long> trace(kep::kTraceWords);
+  if (cudaMemcpy(trace.data(), view_.trace, trace.size() * sizeof(trace[0]), cudaMemcpyDeviceToHost) != cudaSuccess) {
     UF_WARN(kExt, "EP trace: could not read the trace buffer: %s", cudaGetErrorString(cudaGetLastError()));
     return;
   }
   static const char* const names[kep::kTracePoints] = {
       "dispatch: block 0 layout", "dispatch: all counts in", "dispatch: counts exchanged", "dispatch: remote rows written",
       "dispatch: local rows written", "dispatch: done handshake", "combine: start handshake", "combine: partials sent",
-      "combine: tokens reduced", "combine: last block done"};
+      "combine: last tokens helped", "combine: tokens reduced", "combine: last block done"};
   for (int p = 0; p < kep::kTracePoints; ++p) {
     const unsigned long long count = trace[kep::kTracePoints + p];
     if (count == 0) continue;
-    UF_INFO(kExt, kLogInit, "EP trace rank %d: %-30s %9.1f us after the call's start (mean of %llu)", view_.rank,
-            names[p], static_cast<double>(trace[p]) / count / 1e3, count);
+    std::vector<unsigned long long> latest;
+    for (int c = 0; c < kep::kTraceCalls; ++c) {
+      const unsigned long long ns = trace[2 * kep::kTracePoints + static_cast<size_t>(c) * kep::kTracePoints + p];
+      if (ns != 0) latest.push_back(ns);
+    }
+    std::sort(latest.begin(), latest.end());
+    const double median = latest.empty() ? 0.0 : static_cast<double>(latest[latest.size() / 2]) / 1e3;
+    UF_INFO(kExt, kLogInit,
+            "EP trace rank %d: %-30s %9.1f us after the call's start (mean of %llu), latest block %9.1f us (median of "
+            "%zu calls)", view_.rank, names[p], static_cast<double>(trace[p]) / count / 1e3, count, median, latest.size());
   }
+}
+
+Result unifabEpGroup::combineInputBuffer(void** buffer, int* maxRows) const {
+  if (config_.mode != unifabEpHighThroughput) {
+    return UF_ERROR(unifabInvalidUsage, kExt, "the combine input belongs to high-throughput groups; this one is low latency");
+  }
+  *buffer = window_->localBase() + view_.layout.combineIn;
+  if (maxRows != nullptr) *maxRows = view_.layout.recvCapacity;
+  return unifabSuccess;
 }
 
 Result unifabEpGroup::asyncError() const {
@@ -519,7 +537,18 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
   UF_CHECK(validateSms(a.numSms));
   bool capturing = false;
   UF_CHECK(checkStream(stream, &capturing));
+  // Rows in the group's combine input are read by the peers where they lie: every rank must
+  // pass its combine input, or none (a rank pulling from one that pushes waits for a ready word
+  // that never comes, and both time out).
+  const void* combineIn = window_->localBase() + view_.layout.combineIn;
+  const bool pull = a.expertOutput == combineIn;
+  if (pull && handle->layout != unifabEpRankMajor) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "expertOutput is the group's combine input, which holds rank-major rows, but the handle's dispatch "
+                    "was expert-major: combine expert-major rows from another buffer");
+  }
   kep::CombineInput input{};
+  input.pull = pull;
   input.expertOutput = a.expertOutput;
   input.expertMajor = handle->layout == unifabEpExpertMajor;
   input.weighted = a.weighted != 0;

@@ -77,6 +77,7 @@ struct unifabEpGroup {
   unifab::Result dispatch(const unifabEpDispatchArgs_t& args, cudaStream_t stream, unifabEpHandle** handle,
                           unifabEpDispatchResult_t* result);
   unifab::Result combine(unifabEpHandle* handle, const unifabEpCombineArgs_t& args, cudaStream_t stream);
+  unifab::Result combineInputBuffer(void** buffer, int* maxRows) const;
   unifab::Result asyncError() const;
 
   // Low-latency mode (ep_ll.cc).

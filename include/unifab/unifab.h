@@ -169,6 +169,15 @@ UNIFAB_API unifabResult_t unifabEpDispatch(unifabEpGroup_t group, const unifabEp
 UNIFAB_API unifabResult_t unifabEpCombine(unifabEpGroup_t group, unifabEpHandle_t handle,
                                           const unifabEpCombineArgs_t* args, cudaStream_t stream);
 
+/* The group's combine input on this rank: room for *maxRows BF16 rows of `hidden` values, in the
+ * rank-major layout of the dispatch's recvX. Expert outputs written here (e.g. by the expert GEMM)
+ * and passed to unifabEpCombine as expertOutput are read by the other ranks where they lie, over
+ * NVLink, instead of being pushed by this rank: the link carries each row once and every SM of
+ * the call sums tokens. Every rank must pass its combine input to the same combine, or none (a
+ * mismatch times out, see unifabEpGetAsyncError). The buffer may be rewritten once that combine
+ * has completed on the stream. Rank-major dispatches only. */
+UNIFAB_API unifabResult_t unifabEpCombineInputBuffer(unifabEpGroup_t group, void** buffer, int* maxRows);
+
 UNIFAB_API unifabResult_t unifabEpHandleDestroy(unifabEpHandle_t handle);
 
 /* ---- Low-latency mode (a group created with mode = unifabEpLowLatency) -------------------------

@@ -25,6 +25,8 @@ constexpr int kMaxBlocks = 256;      // blocks of one EP kernel (at most one per
 struct Control {
   uint64_t dispatchDone[kMaxRanks];    // source s finished writing dispatch #epoch into us
   uint64_t combineDone[kMaxRanks];     // rank s ended combine #epoch (its partial buffers are free)
+  uint64_t combineReady[kMaxRanks];    // rank s's combine input holds combine #epoch's rows
+  uint64_t combineRead[kMaxRanks];     // rank s finished reading our combine input for combine #epoch
 };
 
 // Byte offsets into the window (identical on all ranks) and the sizes they were made for.
@@ -39,6 +41,7 @@ struct WindowLayout {
   size_t combineX;       // bf16 [nRanks][maxTokens][hidden]: partial sums from each rank
   size_t combineWeights; // float [nRanks][maxTokens][topk]
   size_t combineFlags;   // uint64 [nRanks][maxTokens]: combine epoch whose partial from rank s for token t landed
+  size_t combineIn;      // bf16 [recvCapacity][hidden]: expert outputs the peers read (unifabEpCombineInputBuffer)
   size_t total;
   int recvCapacity;      // nRanks * maxTokensPerRank
   int countRowWords;     // nRanks (rows to each rank) + numLocalExperts (rows for each of our experts)
@@ -73,7 +76,9 @@ struct GridSync {
 };
 
 // Phase ends recorded when tracing (GroupView::trace): sums over calls of nanoseconds since the
-// call's start (block 0's kernel entry), and the number of recordings of each point.
+// call's start (block 0's kernel entry), and the number of recordings of each point; then, per
+// call (kTraceCalls slots by epoch), the latest recording of each point: the block that ends a
+// phase last decides the call's time, and a mean over blocks and over warm-up calls hides it.
 enum TracePoint : int {
   kTraceDispatchLayout = 0,   // block 0: its layout done
   kTraceDispatchArrived,      // block 0: every block's counts in
@@ -83,10 +88,13 @@ enum TracePoint : int {
   kTraceDispatchEnd,          // last block: done handshake complete
   kTraceCombineStarted,       // block 0: start handshake complete
   kTraceCombineSent,          // each remote block: its partials sent
+  kTraceCombineHelped,        // each remote block: its share of the last tokens reduced
   kTraceCombineReduced,       // each reducing block: its tokens reduced
   kTraceCombineEnd,           // last block to finish
   kTracePoints
 };
+constexpr int kTraceCalls = 256;
+constexpr int kTraceWords = 2 * kTracePoints + kTraceCalls * kTracePoints;
 
 // Everything a kernel needs to address the group's memory.
 struct GroupView {
@@ -107,7 +115,7 @@ struct GroupView {
                               // token count) on, in token order (a dispatch's slot j finds its token here)
   int blockTokenStride;       // maxTokensPerRank + maxBlocks
   int maxBlocks;              // the most blocks a kernel of the group runs (the GPU's SM count)
-  unsigned long long* trace;  // [2][kTracePoints] (sums, counts) or null: UNIFAB_EP_TRACE
+  unsigned long long* trace;  // [kTraceWords] (sums, counts, latest per call) or null: UNIFAB_EP_TRACE
   int* error;                 // device memory: read by every kernel, so it must not cross PCIe
   int* hostError;             // host-mapped mirror, written only when an error is raised
   uint64_t timeoutNs;

@@ -19,6 +19,12 @@ constexpr int kCopyThreads = 1024;
 // registers (1024 would spill), and 24 warps per SM still keep ~100 KB in flight.
 constexpr int kCombineThreads = 768;
 constexpr int kWarp = 32;
+// The pulling combine keeps 8 vectors of each of a token's two rows in flight per lane (a row read
+// over NVLink waits a few microseconds), with 512 threads so that the registers hold them.
+// Measured at 24 SMs on 2 x H200 (threads:vectors): 768:4 210 us, 512:8 205, 768:6 211, 512:6
+// 215, 384:12 226, 1024:4 204 but spilling.
+constexpr int kPullThreads = 512;
+constexpr int kPullVectors = 8;
 
 __device__ __forceinline__ char* at(const GroupView& g, int rank, size_t offset) { return g.peerBase[rank] + offset; }
 
@@ -107,11 +113,13 @@ __device__ __forceinline__ void traceStart(const GroupView& g) {
 
 // Thread 0 of the calling block records `point` (a block that never waited on block 0 may read
 // the previous call's start: tracing is a diagnostic, not a measurement of record).
-__device__ __forceinline__ void tracePoint(const GroupView& g, TracePoint point) {
+__device__ __forceinline__ void tracePoint(const GroupView& g, TracePoint point, uint64_t epoch) {
   if (g.trace == nullptr || threadIdx.x != 0) return;
   const uint64_t start = *reinterpret_cast<const volatile uint64_t*>(&g.sync->traceStart);
-  atomicAdd(g.trace + point, static_cast<unsigned long long>(globalTimerNs() - start));
+  const unsigned long long since = globalTimerNs() - start;
+  atomicAdd(g.trace + point, since);
   atomicAdd(g.trace + kTracePoints + point, 1ULL);
+  atomicMax(g.trace + 2 * kTracePoints + (epoch % kTraceCalls) * kTracePoints + point, since);
 }
 
 // Which part of the payload a block writes: rows for other ranks cross NVLink, rows for this rank
@@ -344,9 +352,9 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   if (!cached) layoutBlock(g, input, r);
   __syncthreads();
   if (blockIdx.x == 0) {
-    tracePoint(g, kTraceDispatchLayout);
+    tracePoint(g, kTraceDispatchLayout, epoch);
     if (!cached && threadIdx.x == 0) waitCount(g, &g.sync->arrived, gridDim.x - 1);
-    tracePoint(g, kTraceDispatchArrived);
+    tracePoint(g, kTraceDispatchArrived, epoch);
     __syncthreads();
     if (!cached) {
       if (threadIdx.x == 0) g.sync->arrived = 0;  // the other blocks have all arrived
@@ -355,7 +363,7 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
       exchangeStart(g, epoch);
     }
     __syncthreads();
-    tracePoint(g, kTraceDispatchExchanged);
+    tracePoint(g, kTraceDispatchExchanged, epoch);
     if (threadIdx.x == 0) {
       __threadfence();
       *reinterpret_cast<volatile uint64_t*>(&g.sync->dispatchGo) = epoch;
@@ -433,12 +441,12 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   }
   if (g.trace != nullptr) {
     __syncthreads();
-    tracePoint(g, role.remote ? kTraceDispatchRemoteDone : kTraceDispatchLocalDone);
+    tracePoint(g, role.remote ? kTraceDispatchRemoteDone : kTraceDispatchLocalDone, epoch);
   }
   if (lastBlockToFinish(g)) {
     peerHandshake(g, offsetof(Control, dispatchDone), epoch);
     __syncthreads();
-    tracePoint(g, kTraceDispatchEnd);
+    tracePoint(g, kTraceDispatchEnd, epoch);
     if (threadIdx.x == 0) g.epochs->dispatch = epoch;
   }
 }
@@ -545,6 +553,8 @@ __device__ __forceinline__ uint64_t* sendPartial(const GroupView& g, const Routi
 
 // Rows a sender warp writes before it publishes their flags: each publication waits for the
 // warp's NVLink writes to complete, so one per row would idle the warp for a round trip per row.
+// Measured at 24 SMs with 8-10 senders on 2 x H200: 1 row 226-236 us, 2 rows 211-220, 4 rows
+// 218-234, 8 rows 235-265 (later flags hold the reducers back more than the fences cost).
 constexpr int kFlagBatch = 2;
 
 // Lane i < pending holds the flag of the warp's i-th unpublished row: after the system fence
@@ -563,49 +573,30 @@ __device__ __forceinline__ bool waitPartial(const GroupView& g, const uint64_t* 
   return loadAcquire(flag) >= epoch;
 }
 
-// Token t of this rank, once the partials of its other ranks have landed: the partials summed
-// over its ranks in ascending order in FP32 and rounded once (this rank's own partial computed in
-// place from the expert outputs); the top-k weights summed the same way. kUnrollV vectors per
-// lane are loaded before any is summed; the expert-major own partial is a call, so that layout
-// takes one at a time.
-template <bool kExpertMajor, int kUnrollV = kExpertMajor ? 1 : 2>
-__device__ __forceinline__ void reduceToken(const GroupView& g, const Routing& r, const CombineInput& in, int t,
-                                           uint64_t mask, size_t ownRow, uint64_t epoch, int lane) {
-  const WindowLayout& L = g.layout;
+// Token t's combined row and weights: its partials summed over its ranks (`mask`) in ascending
+// rank order in FP32 and rounded once, and its top-k weights summed the same way. `partial(s, v)`
+// is vector v (8 BF16 values; zeros past the row) of rank s's partial, `weight(s, k)` its weight k.
+// kUnrollV vectors per lane are loaded before any is summed; with kTwoAtOnce, a token of at most
+// two ranks (every token with two ranks) has both rows' vectors in flight at once.
+template <bool kTwoAtOnce, int kUnrollV, int kTwoVectors, typename Partial, typename Weight>
+__device__ __forceinline__ void sumPartials(const GroupView& g, const CombineInput& in, int t, uint64_t mask, int lane,
+                                            Partial partial, Weight weight) {
   const int vectors = g.hidden * 2 / 16;
-  const int4* partials = reinterpret_cast<const int4*>(at(g, g.rank, L.combineX));
-  const float* partialWeights = reinterpret_cast<const float*>(at(g, g.rank, L.combineWeights));
-  const uint64_t* flags = reinterpret_cast<const uint64_t*>(at(g, g.rank, L.combineFlags));
-  const float* ownWeights = reinterpret_cast<const float*>(at(g, g.rank, L.recvWeights));
-  const uint64_t own = 1ULL << g.rank;
-  for (uint64_t m = mask & ~own; m != 0; m &= m - 1) {
-    const int s = __ffsll(static_cast<long long>(m)) - 1;
-    if (!waitPartial(g, flags + static_cast<size_t>(s) * g.maxTokensPerRank + t, epoch)) return;
-  }
-  const int4* ownOutput = static_cast<const int4*>(in.expertOutput) + ownRow * vectors;  // rank-major only
   int4* out = reinterpret_cast<int4*>(in.combinedX) + static_cast<size_t>(t) * vectors;
-  auto load = [&](int s, int v) {
-    if (v >= vectors) return int4{0, 0, 0, 0};
-    if (s != g.rank) return __ldcg(partials + (static_cast<size_t>(s) * g.maxTokensPerRank + t) * vectors + v);
-    if (!kExpertMajor) return __ldg(ownOutput + v);
-    return expertMajorPartial(static_cast<const int4*>(in.expertOutput), r.expertSlot + ownRow * g.topk,
-                              ownWeights + ownRow * g.topk, g.topk, in.weighted, v, vectors);
-  };
-  if (!kExpertMajor && __popcll(mask) <= 2) {
-    // At most two partials (every token with two ranks): both rows' vectors are in flight at
-    // once, with no accumulator to hold; the sum is the same (0 + a) + b as the general path.
+  if (kTwoAtOnce && __popcll(mask) <= 2) {
+    // No accumulator to hold; the sum is the same (0 + a) + b as the general path.
     const int first = mask != 0 ? __ffsll(static_cast<long long>(mask)) - 1 : -1;
     const uint64_t rest = mask != 0 ? mask & (mask - 1) : 0;
     const int second = rest != 0 ? __ffsll(static_cast<long long>(rest)) - 1 : -1;
-    for (int v0 = lane; v0 < vectors; v0 += 4 * kWarp) {
-      int4 a[4], b[4];
+    for (int v0 = lane; v0 < vectors; v0 += kTwoVectors * kWarp) {
+      int4 a[kTwoVectors], b[kTwoVectors];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        a[u] = first >= 0 ? load(first, v0 + u * kWarp) : int4{0, 0, 0, 0};
-        b[u] = second >= 0 ? load(second, v0 + u * kWarp) : int4{0, 0, 0, 0};
+      for (int u = 0; u < kTwoVectors; ++u) {
+        a[u] = first >= 0 ? partial(first, v0 + u * kWarp) : int4{0, 0, 0, 0};
+        b[u] = second >= 0 ? partial(second, v0 + u * kWarp) : int4{0, 0, 0, 0};
       }
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
+      for (int u = 0; u < kTwoVectors; ++u) {
         const int v = v0 + u * kWarp;
         if (v >= vectors) continue;
         float fa[8], fb[8];
@@ -620,43 +611,96 @@ __device__ __forceinline__ void reduceToken(const GroupView& g, const Routing& r
       }
     }
   } else {
-  for (int v0 = lane; v0 < vectors; v0 += kUnrollV * kWarp) {
-    float acc[kUnrollV][8];
-#pragma unroll
-    for (int u = 0; u < kUnrollV; ++u) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[u][i] = 0.0f;
-    }
-    for (uint64_t m = mask; m != 0; m &= m - 1) {
-      const int s = __ffsll(static_cast<long long>(m)) - 1;
-      int4 loaded[kUnrollV];
-#pragma unroll
-      for (int u = 0; u < kUnrollV; ++u) loaded[u] = load(s, v0 + u * kWarp);
+    for (int v0 = lane; v0 < vectors; v0 += kUnrollV * kWarp) {
+      float acc[kUnrollV][8];
 #pragma unroll
       for (int u = 0; u < kUnrollV; ++u) {
-        float f[8];
-        bf16x8ToFloat(loaded[u], f);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[u][i] = __fadd_rn(acc[u][i], f[i]);
+        for (int i = 0; i < 8; ++i) acc[u][i] = 0.0f;
+      }
+      for (uint64_t m = mask; m != 0; m &= m - 1) {
+        const int s = __ffsll(static_cast<long long>(m)) - 1;
+        int4 loaded[kUnrollV];
+#pragma unroll
+        for (int u = 0; u < kUnrollV; ++u) loaded[u] = partial(s, v0 + u * kWarp);
+#pragma unroll
+        for (int u = 0; u < kUnrollV; ++u) {
+          float f[8];
+          bf16x8ToFloat(loaded[u], f);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[u][i] = __fadd_rn(acc[u][i], f[i]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnrollV; ++u) {
+        const int v = v0 + u * kWarp;
+        if (v < vectors) out[v] = floatToBf16x8(acc[u]);
       }
     }
-#pragma unroll
-    for (int u = 0; u < kUnrollV; ++u) {
-      const int v = v0 + u * kWarp;
-      if (v < vectors) out[v] = floatToBf16x8(acc[u]);
-    }
-  }
   }
   if (in.combinedWeights != nullptr && lane < g.topk) {
     float sum = 0.0f;
-    for (uint64_t m = mask; m != 0; m &= m - 1) {
-      const int s = __ffsll(static_cast<long long>(m)) - 1;
-      const float w = s == g.rank ? ownWeights[ownRow * g.topk + lane]
-                                  : __ldcg(partialWeights + (static_cast<size_t>(s) * g.maxTokensPerRank + t) * g.topk + lane);
-      sum = __fadd_rn(sum, w);
-    }
+    for (uint64_t m = mask; m != 0; m &= m - 1) sum = __fadd_rn(sum, weight(__ffsll(static_cast<long long>(m)) - 1, lane));
     in.combinedWeights[static_cast<size_t>(t) * g.topk + lane] = sum;
   }
+}
+
+// Token t of this rank, once the partials its other ranks pushed have landed: those partials and
+// this rank's own, computed in place from the expert outputs (in the expert-major layout a call
+// per vector, so that layout takes one vector at a time).
+template <bool kExpertMajor>
+__device__ __forceinline__ void reduceToken(const GroupView& g, const Routing& r, const CombineInput& in, int t,
+                                           uint64_t mask, size_t ownRow, uint64_t epoch, int lane) {
+  const WindowLayout& L = g.layout;
+  const int vectors = g.hidden * 2 / 16;
+  const int4* partials = reinterpret_cast<const int4*>(at(g, g.rank, L.combineX));
+  const float* partialWeights = reinterpret_cast<const float*>(at(g, g.rank, L.combineWeights));
+  const uint64_t* flags = reinterpret_cast<const uint64_t*>(at(g, g.rank, L.combineFlags));
+  const float* ownWeights = reinterpret_cast<const float*>(at(g, g.rank, L.recvWeights));
+  const uint64_t own = 1ULL << g.rank;
+  for (uint64_t m = mask & ~own; m != 0; m &= m - 1) {
+    const int s = __ffsll(static_cast<long long>(m)) - 1;
+    if (!waitPartial(g, flags + static_cast<size_t>(s) * g.maxTokensPerRank + t, epoch)) return;
+  }
+  const int4* ownOutput = static_cast<const int4*>(in.expertOutput) + ownRow * vectors;  // rank-major only
+  auto partial = [&](int s, int v) {
+    if (v >= vectors) return int4{0, 0, 0, 0};
+    if (s != g.rank) return __ldcg(partials + (static_cast<size_t>(s) * g.maxTokensPerRank + t) * vectors + v);
+    if (!kExpertMajor) return __ldg(ownOutput + v);
+    return expertMajorPartial(static_cast<const int4*>(in.expertOutput), r.expertSlot + ownRow * g.topk,
+                              ownWeights + ownRow * g.topk, g.topk, in.weighted, v, vectors);
+  };
+  auto weight = [&](int s, int k) {
+    return s == g.rank ? ownWeights[ownRow * g.topk + k]
+                       : __ldcg(partialWeights + (static_cast<size_t>(s) * g.maxTokensPerRank + t) * g.topk + k);
+  };
+  sumPartials<!kExpertMajor, kExpertMajor ? 1 : 2, 4>(g, in, t, mask, lane, partial, weight);
+}
+
+// Token t of this rank, reading every rank's expert output row of it where it lies: this rank's in
+// its own combine input, each other rank's in that rank's, over NVLink (row `firstPeerRow` for the
+// lowest other rank of the token, found by the caller ahead of time; any further rank's here).
+__device__ __forceinline__ void pullToken(const GroupView& g, const Routing& r, const CombineInput& in,
+                                          const int* sendOffset, int t, uint64_t mask, int ownRow, int firstPeerRow,
+                                          int lane) {
+  const WindowLayout& L = g.layout;
+  const int vectors = g.hidden * 2 / 16;
+  const uint64_t others = mask & ~(1ULL << g.rank);
+  const int firstPeer = others != 0 ? __ffsll(static_cast<long long>(others)) - 1 : -1;
+  auto rowAt = [&](int s) {
+    if (s == g.rank) return ownRow;
+    if (s == firstPeer) return firstPeerRow;
+    return sendOffset[s] + __ldcg(r.tokenSlot + static_cast<size_t>(t) * g.nRanks + s);
+  };
+  auto partial = [&](int s, int v) {
+    if (v >= vectors) return int4{0, 0, 0, 0};
+    const int4* rows = reinterpret_cast<const int4*>(at(g, s, L.combineIn));
+    return __ldcg(rows + static_cast<size_t>(rowAt(s)) * vectors + v);
+  };
+  auto weight = [&](int s, int k) {
+    return __ldcg(reinterpret_cast<const float*>(at(g, s, L.recvWeights)) + static_cast<size_t>(rowAt(s)) * g.topk + k);
+  };
+  sumPartials<true, 2, kPullVectors>(g, in, t, mask, lane, partial, weight);
 }
 
 // One combine, one kernel, pipelined per token. Block 0 checks that every rank has ended its
@@ -681,7 +725,7 @@ __global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Ro
                 epoch - 1, g.timeoutNs, g.error, g.hostError, kErrorTimeout);
     }
     __syncthreads();
-    tracePoint(g, kTraceCombineStarted);
+    tracePoint(g, kTraceCombineStarted, epoch);
     if (threadIdx.x == 0) {
       __threadfence();
       *reinterpret_cast<volatile uint64_t*>(&g.sync->combineGo) = epoch;
@@ -734,7 +778,7 @@ __global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Ro
     }
     if (g.trace != nullptr) {
       __syncthreads();
-      tracePoint(g, kTraceCombineSent);
+      tracePoint(g, kTraceCombineSent, epoch);
     }
     if (!role.local) {
       // Then one of the last tokens each (their partials land last, as these sends end).
@@ -746,6 +790,10 @@ __global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Ro
                                   ? ownFirst + __ldcg(r.tokenSlot + static_cast<size_t>(t) * g.nRanks + g.rank) : 0;
         if (in.expertMajor) reduceToken<true>(g, r, in, t, mask, ownRow, epoch, lane);
         else reduceToken<false>(g, r, in, t, mask, ownRow, epoch, lane);
+      }
+      if (g.trace != nullptr) {
+        __syncthreads();
+        tracePoint(g, kTraceCombineHelped, epoch);
       }
     }
   }
@@ -770,7 +818,7 @@ __global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Ro
     }
     if (g.trace != nullptr) {
       __syncthreads();
-      tracePoint(g, kTraceCombineReduced);
+      tracePoint(g, kTraceCombineReduced, epoch);
     }
   }
   if (lastBlockToFinish(g)) {
@@ -781,7 +829,84 @@ __global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Ro
                        g.rank,
                    epoch);
     }
-    tracePoint(g, kTraceCombineEnd);
+    tracePoint(g, kTraceCombineEnd, epoch);
+    if (threadIdx.x == 0) g.epochs->combine = epoch;
+  }
+}
+
+// One combine from the ranks' combine inputs (CombineInput::pull), one kernel and no sender: each
+// rank says its input is written, then every warp of every block sums tokens of this rank,
+// reading their rows out of the other ranks' inputs over NVLink (so the link carries each row
+// once, read rather than written, and every SM reduces). The kernel ends only once every rank has
+// finished reading this rank's input, so that the caller may rewrite it after the call.
+__global__ void __launch_bounds__(kPullThreads) combinePullKernel(GroupView g, Routing r, CombineInput in) {
+  __shared__ uint64_t epochShared;
+  __shared__ int sendOffset[kMaxRanks];
+  traceStart(g);
+  if (threadIdx.x == 0) epochShared = g.epochs->combine + 1;
+  for (int d = threadIdx.x; d < g.nRanks; d += blockDim.x) sendOffset[d] = __ldcg(r.sendOffset + d);
+  __syncthreads();
+  const uint64_t epoch = epochShared;
+  if (timedOut(g)) return;
+  const uint64_t* ready = reinterpret_cast<const uint64_t*>(at(g, g.rank, g.layout.control + offsetof(Control, combineReady)));
+  if (threadIdx.x < g.nRanks) {
+    const int d = threadIdx.x;
+    if (blockIdx.x == 0) {
+      // Our input was written by earlier work of this stream; the fence publishes it with the word.
+      __threadfence_system();
+      storeRelease(reinterpret_cast<uint64_t*>(at(g, d, g.layout.control + offsetof(Control, combineReady))) + g.rank,
+                   epoch);
+    }
+    // Every block watches the words itself: no hand-over from block 0 on the way to the payload.
+    waitEpoch(ready + d, epoch, g.timeoutNs, g.error, g.hostError, kErrorTimeout);
+  }
+  __syncthreads();
+  if (blockIdx.x == 0) tracePoint(g, kTraceCombineStarted, epoch);
+  if (timedOut(g)) return;
+  int ownFirst = 0;  // received rows are grouped by source rank: this rank's own rows are one range
+  for (int s = 0; s < g.rank; ++s) ownFirst += r.recvRowsPerRank[s];
+  const int lane = threadIdx.x % kWarp;
+  const int warps = gridDim.x * (kPullThreads / kWarp);
+  // Tokens 32 at a time per warp: lane k looks up token k's ranks and rows first.
+  for (int t0 = blockIdx.x * (kPullThreads / kWarp) + static_cast<int>(threadIdx.x) / kWarp; t0 < r.numTokens;
+       t0 += warps * kWarp) {
+    const int mine = t0 + lane * warps;
+    uint64_t myMask = 0;
+    int myOwnRow = 0, myPeerRow = 0;
+    if (mine < r.numTokens) {
+      myMask = __ldcg(r.tokenRanks + mine);
+      const uint64_t others = myMask & ~(1ULL << g.rank);
+      if ((myMask >> g.rank) & 1ULL) myOwnRow = ownFirst + __ldcg(r.tokenSlot + static_cast<size_t>(mine) * g.nRanks + g.rank);
+      if (others != 0) {
+        const int peer = __ffsll(static_cast<long long>(others)) - 1;
+        myPeerRow = sendOffset[peer] + __ldcg(r.tokenSlot + static_cast<size_t>(mine) * g.nRanks + peer);
+      }
+    }
+    for (int k = 0; k < kWarp; ++k) {
+      const int t = t0 + k * warps;
+      if (t >= r.numTokens) break;
+      pullToken(g, r, in, sendOffset, t, __shfl_sync(0xffffffff, myMask, k), __shfl_sync(0xffffffff, myOwnRow, k),
+                __shfl_sync(0xffffffff, myPeerRow, k), lane);
+    }
+  }
+  if (g.trace != nullptr) {
+    __syncthreads();
+    tracePoint(g, kTraceCombineReduced, epoch);
+  }
+  if (lastBlockToFinish(g)) {
+    // Every block's reads of the peers' inputs are done (lastBlockToFinish's system fence): tell
+    // each rank, and wait until every rank has read ours. combineDone keeps the pushing combine's
+    // protocol whole: this rank's partial buffers were not used.
+    if (threadIdx.x < g.nRanks) {
+      const int d = threadIdx.x;
+      const size_t control = g.layout.control;
+      storeRelease(reinterpret_cast<uint64_t*>(at(g, d, control + offsetof(Control, combineRead))) + g.rank, epoch);
+      storeRelease(reinterpret_cast<uint64_t*>(at(g, d, control + offsetof(Control, combineDone))) + g.rank, epoch);
+      waitEpoch(reinterpret_cast<const uint64_t*>(at(g, g.rank, control + offsetof(Control, combineRead))) + d, epoch,
+                g.timeoutNs, g.error, g.hostError, kErrorTimeout);
+    }
+    __syncthreads();
+    tracePoint(g, kTraceCombineEnd, epoch);
     if (threadIdx.x == 0) g.epochs->combine = epoch;
   }
 }
@@ -802,6 +927,10 @@ cudaError_t launchExpand(const GroupView& group, const Routing& routing, Payload
 
 cudaError_t launchCombine(const GroupView& group, const Routing& routing, const CombineInput& input, int numBlocks,
                           int remoteBlocks, cudaStream_t stream) {
+  if (input.pull) {
+    combinePullKernel<<<numBlocks, kPullThreads, 0, stream>>>(group, routing, input);
+    return cudaGetLastError();
+  }
   combineKernel<<<numBlocks, kCombineThreads, 0, stream>>>(group, routing, input, remoteBlocks);
   return cudaGetLastError();
 }

@@ -1,7 +1,9 @@
 // Host entry points of the high-throughput expert-parallel kernels. One dispatch is one kernel
 //   layout -> count exchange -> payload -> done handshake   [-> expert-major expansion]
-// and one combine is one kernel
-//   start handshake -> partial sums sent to the tokens' ranks -> done handshake -> reduction.
+// and one combine is one kernel, either
+//   start handshake -> partial sums sent to the tokens' ranks -> reduction as they land -> end word
+// or, from the ranks' combine inputs,
+//   ready handshake -> every rank's rows read where they lie and reduced -> read handshake.
 // Each launch returns the CUDA launch status; device-side failures go to GroupView::error.
 #pragma once
 
@@ -41,6 +43,8 @@ struct CombineInput {
   bool weighted;
   void* combinedX;           // [numTokens][hidden] BF16
   float* combinedWeights;    // [numTokens][topk] or null
+  bool pull;                 // expertOutput is this rank's combine input (WindowLayout::combineIn, rank-major):
+                             // every rank reads the rows it needs from the others' inputs
 };
 
 // One dispatch, one kernel on `numBlocks` SMs (at most GroupView::maxBlocks): the layout of the
@@ -54,7 +58,8 @@ cudaError_t launchDispatch(const GroupView& group, const DispatchInput& input, c
 cudaError_t launchExpand(const GroupView& group, const Routing& routing, Payload dtype, const ExpertMajorRows& rows,
                          cudaStream_t stream);
 // One combine, one kernel: the first `remoteBlocks` blocks push partial sums to the tokens' ranks,
-// the others reduce this rank's tokens as the partials land.
+// the others reduce this rank's tokens as the partials land; or, with CombineInput::pull, every
+// block reduces, reading the other ranks' rows out of their combine inputs (remoteBlocks unused).
 cudaError_t launchCombine(const GroupView& group, const Routing& routing, const CombineInput& input, int numBlocks,
                           int remoteBlocks, cudaStream_t stream);
 

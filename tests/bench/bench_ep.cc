@@ -27,7 +27,7 @@ struct EpRun {
   int tokens, hidden, topk, experts, sms, iters, warmup;
   bool fp8, expertMajor;
   std::string csv;
-  std::string ops;  // comma-separated subset of dispatch,empty,cached,combine,nccl,ceiling; empty: all
+  std::string ops;  // comma-separated subset of dispatch,empty,cached,combine,combine-input,nccl,ceiling; empty: all
   bool wants(const char* op) const {
     if (ops.empty()) return true;
     const std::string list = "," + ops + ",";
@@ -99,6 +99,19 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   cargs.combinedX = combined;
   cargs.numSms = run.sms;
   auto combine = [&]() { return unifabEpCombine(group, handle, &cargs, session.stream()) == unifabSuccess; };
+  // The same combine with the expert outputs in the group's combine input (where an expert GEMM
+  // would write them), which the other ranks read in place.
+  unifabEpCombineArgs_t inputArgs = cargs;
+  if (!run.expertMajor) {
+    void* combineInput = nullptr;
+    TEST_UNIFAB_CHECK(unifabEpCombineInputBuffer(group, &combineInput, nullptr));
+    TEST_CUDA_CHECK(test::ep::fillExpertOutputs(static_cast<uint16_t*>(combineInput), run.hidden, result.recvSource,
+                                                result.numRecvRows, false, result.expertOffsets,
+                                                result.recvRowsPerExpert, run.experts / env.nRanks, env.rank, 5,
+                                                result.maxRows, session.stream()));
+    inputArgs.expertOutput = combineInput;
+  }
+  auto combineFromInput = [&]() { return unifabEpCombine(group, handle, &inputArgs, session.stream()) == unifabSuccess; };
   // Where the time goes: the same dispatch with the routing of the first one (no layout), and a
   // dispatch of zero tokens (launch and the two handshakes alone).
   unifabEpDispatchArgs_t cachedArgs = args;
@@ -106,15 +119,19 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   cachedArgs.topkIdx = nullptr;
   unifabEpDispatchArgs_t emptyArgs = args;
   emptyArgs.numTokens = 0;
-  OpTimes dispatchT, cachedT, emptyT, combineT, ncclT;
+  OpTimes dispatchT, cachedT, emptyT, combineT, combineInputT, ncclT;
   if (run.wants("dispatch") && !timeOp(session, timer, run.iters, run.warmup, dispatchOf(args), &dispatchT)) return false;
   if (run.wants("empty") && !timeOp(session, timer, run.iters, run.warmup, dispatchOf(emptyArgs), &emptyT)) return false;
   // Last before combine: combine needs its handle's dispatch to be the group's latest.
   if (run.wants("cached") && !timeOp(session, timer, run.iters, run.warmup, dispatchOf(cachedArgs), &cachedT)) return false;
-  if (!run.wants("cached") && run.wants("combine")) {
+  if (!run.wants("cached") && (run.wants("combine") || run.wants("combine-input"))) {
     TEST_UNIFAB_CHECK(unifabEpDispatch(group, &cachedArgs, session.stream(), &handle, &result));
   }
   if (run.wants("combine") && !timeOp(session, timer, run.iters, run.warmup, combine, &combineT)) return false;
+  if (!run.expertMajor && run.wants("combine-input") &&
+      !timeOp(session, timer, run.iters, run.warmup, combineFromInput, &combineInputT)) {
+    return false;
+  }
   TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
 
   // NCCL's grouped send/recv all-to-all moving this rank's dispatch rows to the same ranks.
@@ -173,6 +190,7 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
     if (emptyT.us > 0) printf("  %-30s %10.1f %12s %12s %10.1f %10.1f\n", "dispatch, 0 tokens", emptyT.us, "-", "-", emptyT.backToBackUs,
            emptyT.hostUs);
     row("combine", combineT, combineBytes, remoteCombineBytes);
+    row("combine from combine input", combineInputT, combineBytes, remoteCombineBytes);
     row("nccl send/recv a2a", ncclT, dispatchBytes, remoteDispatchBytes);
     if (ceiling.copyEngineUs > 0) printf("  %-30s %10.1f %12.1f %12.1f\n", "copy ceiling, copy engines", ceiling.copyEngineUs,
            dispatchBytes / (ceiling.copyEngineUs * 1e3), remoteDispatchBytes / (ceiling.copyEngineUs * 1e3));
@@ -210,6 +228,7 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
         csvRow("dispatch", run.sms, dispatchT, dispatchBytes, remoteDispatchBytes);
         csvRow("dispatch_cached", run.sms, cachedT, dispatchBytes, remoteDispatchBytes);
         csvRow("combine", run.sms, combineT, combineBytes, remoteCombineBytes);
+        csvRow("combine_input", run.sms, combineInputT, combineBytes, remoteCombineBytes);
         csvRow("nccl_a2a", 0, ncclT, dispatchBytes, remoteDispatchBytes);
         OpTimes ce{ceiling.copyEngineUs, 0, 0}, sm{ceiling.smUs, 0, 0};
         csvRow("copy_engine_ceiling", 0, ce, dispatchBytes, remoteDispatchBytes);

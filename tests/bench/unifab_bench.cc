@@ -28,7 +28,7 @@ void usage() {
       "        NCCL collectives, one process per GPU; --net unifab and socket force NCCL's NET path\n"
       "        (P2P and SHM off) over unifab's plugin or NCCL's internal Socket transport\n"
       "  ep    --mode ht --tokens N --hidden H --topk K --experts E --dtype bf16|fp8 --layout rank|expert\n"
-      "        --sms N --iters N --warmup N [--csv FILE] [--ops dispatch,empty,cached,combine,nccl,ceiling]\n"
+      "        --sms N --iters N --warmup N [--csv FILE] [--ops dispatch,empty,cached,combine,combine-input,nccl,ceiling]\n"
       "        expert-parallel dispatch and combine, one process per GPU, with NCCL's all-to-all\n"
       "  ep    --mode ll --tokens LIST --hidden H --topk K --experts E --dtype fp8|bf16 --sms N --iters N\n"
       "        low-latency dispatch and combine, phases apart, with NCCL's send/recv\n"

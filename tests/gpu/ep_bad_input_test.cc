@@ -183,6 +183,21 @@ bool run(NcclSession& session) {
   TEST_UNIFAB_CHECK(unifabEpHandleDestroy(again));
   TEST_UNIFAB_CHECK(unifabEpHandleDestroy(handle));
 
+  // The combine input holds rank-major rows: an expert-major dispatch cannot combine from it.
+  void* combineInput = nullptr;
+  TEST_UNIFAB_CHECK(unifabEpCombineInputBuffer(group, &combineInput, nullptr));
+  unifabEpDispatchArgs_t expertMajor = good;
+  expertMajor.layout = unifabEpExpertMajor;
+  unifabEpHandle_t byExpert = nullptr;
+  check(unifabEpDispatch(group, &expertMajor, stream, &byExpert, &result) == unifabSuccess, "expert-major dispatch");
+  expectError(combineWith([&](auto& a) { a.expertOutput = combineInput; }, byExpert), unifabInvalidUsage,
+              "expert-major", "combine input with an expert-major dispatch");
+  TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
+  check(unifabEpGetAsyncError(group) == unifabSuccess, "the refused combine leaves the group usable");
+  TEST_UNIFAB_CHECK(unifabEpHandleDestroy(byExpert));
+  expectError(unifabEpCombineInputBuffer(group, nullptr, nullptr), unifabInvalidArgument, "buffer",
+              "combine input without a buffer pointer");
+
   // An expert id out of range is found on the GPU: reported, and every later call returns it.
   std::vector<int64_t> ids = data.topk;
   ids[3] = shape.numExperts;  // one past the last expert

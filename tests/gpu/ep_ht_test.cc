@@ -2,8 +2,9 @@
 // unifab-launch (1 or more ranks). Every case draws fresh random inputs (uneven token counts per
 // rank, masked top-k entries), poisons the outputs, and checks bit for bit: payload bytes, FP8
 // scales, local expert ids, weights, sources, counts, and combine's sums in their fixed order.
-// Also: cached re-dispatch with new payloads, and dispatch + experts + combine captured in one
-// CUDA graph and replayed with fresh inputs.
+// Also: combine from the group's combine input (read in place by the peers), cached re-dispatch
+// with new payloads, and dispatch + experts + combine (both ways) captured in one CUDA graph and
+// replayed with fresh inputs.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -212,6 +213,27 @@ bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_
   TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
   verifyCombine(shape, inputs, session.rank(), c.expertMajor, c.weighted && c.expertMajor, outputSeed, b.combined,
                 b.combinedWeights, session.stream(), what + " combine");
+  if (!c.expertMajor) {
+    // The same combine again from the group's combine input, which the peers read in place.
+    void* combineInput = nullptr;
+    int inputRows = 0;
+    TEST_UNIFAB_CHECK(unifabEpCombineInputBuffer(group, &combineInput, &inputRows));
+    check(inputRows >= result.maxRows, what + ": combine input holds " + std::to_string(inputRows) + " rows, fewer than " +
+                                           std::to_string(result.maxRows));
+    const uint64_t pullSeed = outputSeed + 1;
+    TEST_CUDA_CHECK(fillExpertOutputs(static_cast<uint16_t*>(combineInput), shape.hidden, result.recvSource,
+                                      result.numRecvRows, false, result.expertOffsets, result.recvRowsPerExpert,
+                                      shape.localExperts(), session.rank(), pullSeed, result.maxRows, session.stream()));
+    TEST_CUDA_CHECK(cudaMemsetAsync(b.combined, 0xff, static_cast<size_t>(shape.maxTokens) * shape.hidden * 2, session.stream()));
+    TEST_CUDA_CHECK(cudaMemsetAsync(b.combinedWeights, 0xff, static_cast<size_t>(shape.maxTokens) * shape.topk * 4, session.stream()));
+    cargs.expertOutput = combineInput;
+    cargs.numSms = c.numSms;
+    TEST_UNIFAB_CHECK(unifabEpCombine(group, handle, &cargs, session.stream()));
+    TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+    TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
+    verifyCombine(shape, inputs, session.rank(), false, false, pullSeed, b.combined, b.combinedWeights,
+                  session.stream(), what + " combine from the combine input");
+  }
 
   // Cached re-dispatch: same routing, new payload values.
   std::vector<RankInput> again;
@@ -240,7 +262,13 @@ bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_
 
 // dispatch -> experts -> combine captured once, replayed with fresh inputs of the same size.
 bool runGraph(NcclSession& session, unifabEpGroup_t group, const Shape& shape, Buffers& b, int replays,
-              unifabEpDispatchResult_t* last) {
+              bool fromCombineInput, unifabEpDispatchResult_t* last) {
+  uint16_t* expertOut = b.expertOut;
+  if (fromCombineInput) {
+    void* combineInput = nullptr;
+    TEST_UNIFAB_CHECK(unifabEpCombineInputBuffer(group, &combineInput, nullptr));
+    expertOut = static_cast<uint16_t*>(combineInput);
+  }
   const int tokens = shape.maxTokens / 2 + session.rank();  // uneven, fixed for the graph
   std::vector<RankInput> inputs;
   for (int r = 0; r < shape.nRanks; ++r) inputs.push_back(makeInput(shape, r, 4242, false, 10, shape.maxTokens / 2 + r));
@@ -259,11 +287,12 @@ bool runGraph(NcclSession& session, unifabEpGroup_t group, const Shape& shape, B
   unifabEpDispatchResult_t result;
   result.size = sizeof(result);
   const uint64_t outputSeed = 99;
+  cargs.expertOutput = expertOut;
   cudaGraph_t graph = nullptr;
   TEST_CUDA_CHECK(cudaStreamBeginCapture(session.stream(), cudaStreamCaptureModeGlobal));
   unifabResult_t dispatched = unifabEpDispatch(group, &args, session.stream(), &handle, &result);
   cudaError_t filled = dispatched == unifabSuccess
-                           ? fillExpertOutputs(b.expertOut, shape.hidden, result.recvSource, result.numRecvRows, false,
+                           ? fillExpertOutputs(expertOut, shape.hidden, result.recvSource, result.numRecvRows, false,
                                                result.expertOffsets, result.recvRowsPerExpert, shape.localExperts(),
                                                session.rank(), outputSeed, result.maxRows, session.stream())
                            : cudaSuccess;
@@ -286,7 +315,7 @@ bool runGraph(NcclSession& session, unifabEpGroup_t group, const Shape& shape, B
     TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
     Outputs o;
     if (!fetch(result, shape, false, session.stream(), &o)) return false;
-    std::string what = "graph replay " + std::to_string(replay);
+    std::string what = std::string(fromCombineInput ? "combine-input " : "") + "graph replay " + std::to_string(replay);
     verifyDispatch(shape, fresh, session.rank(), false, 1, o, what);
     verifyCombine(shape, fresh, session.rank(), false, false, outputSeed, b.combined, b.combinedWeights,
                   session.stream(), what + " combine");
@@ -346,7 +375,9 @@ bool runShape(NcclSession& session, Shape shape, int iterations, int replays) {
     if (!runCase(session, group, c, seed, b, &previous)) return false;
     if (c.expertMajor) knowExpert = true;
   }
-  if (replays > 0 && !runGraph(session, group, shape, b, replays, &last)) return false;
+  for (bool fromCombineInput : {false, true}) {
+    if (replays > 0 && !runGraph(session, group, shape, b, replays, fromCombineInput, &last)) return false;
+  }
   cudaFree(b.expertOut);
   cudaFree(b.combined);
   cudaFree(b.combinedWeights);
