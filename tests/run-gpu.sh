@@ -178,6 +178,8 @@ for step in $steps; do
     ntrun moe-dispatch-bf16 "$b/moe_dispatch_perf" -t 2 -g 1 -b 56M -e 56M -c 0 -n 30 -w 5
     ntrun moe-dispatch-fp8 UNIFAB_EP_FP8=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 28M -e 28M -c 0 -n 30 -w 5
     ntrun moe-combine-bf16 "$b/moe_combine_perf" -d bfloat16 -t 2 -g 1 -b 56M -e 56M -c 0 -n 30 -w 5
+    ntrun moe-combine-input-check UNIFAB_EP_ROUTING=1 UNIFAB_EP_COMBINE_INPUT=1 "$b/moe_combine_perf" -d bfloat16 -t 2 -g 1 -b 14K -e 56M -f 8 -c 1 -n 5 -w 2
+    ntrun moe-combine-input UNIFAB_EP_COMBINE_INPUT=1 "$b/moe_combine_perf" -d bfloat16 -t 2 -g 1 -b 56M -e 56M -c 0 -n 30 -w 5
     ntrun moe-ll-dispatch UNIFAB_EP_MODE=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 1792K -e 1792K -c 0 -n 50 -w 10
     ;;
   tunesweep)

@@ -7,7 +7,9 @@
  * dispatch and its combine (a combine completes one dispatch only). algbw counts the output
  * bytes; busbw every row sent back, own rank included (algbw x the routing's ranks per token).
  * -c: with UNIFAB_EP_ROUTING=1 in the high-throughput mode every token comes back unchanged and
- * is checked; not checked otherwise. Environment as moe_dispatch_perf (BF16 only).
+ * is checked; not checked otherwise. Environment as moe_dispatch_perf (BF16 only), and
+ * UNIFAB_EP_COMBINE_INPUT=1 (high throughput): the expert outputs sit in the group's combine input,
+ * which the other ranks read in place (unifabEpCombineInputBuffer).
  */
 #include "cuda_runtime.h"
 #include "common.h"
@@ -32,7 +34,8 @@ testResult_t CombineRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, s
   const int tokens = unifabEpTokens(s, count * wordSize(type));
   // The harness moves its buffers between calls; combine reads none of them, so only a new size
   // (or new data, for -c) needs a new dispatch. A low-latency combine completes one dispatch only.
-  if (s->lowLatency || s->dispatched != tokens) TESTCHECK(unifabEpDispatchOnce(s, (char*)sendbuff + sendoffset, tokens, stream));
+  const bool freshDispatch = s->lowLatency || s->dispatched != tokens;
+  if (freshDispatch) TESTCHECK(unifabEpDispatchOnce(s, (char*)sendbuff + sendoffset, tokens, stream));
   if (s->lowLatency) {
     unifabEpLowLatencyCombineArgs_t a = UNIFAB_EP_LL_COMBINE_ARGS_INIT;
     a.expertOutput = s->received;
@@ -42,6 +45,17 @@ testResult_t CombineRunColl(void* sendbuff, size_t sendoffset, void* recvbuff, s
   } else {
     unifabEpCombineArgs_t a = UNIFAB_EP_COMBINE_ARGS_INIT;
     a.expertOutput = s->received;
+    if (unifabTestParam("UNIFAB_EP_COMBINE_INPUT", 0) != 0) {
+      /* The identity experts' outputs go to the group's combine input, which the peers read in
+       * place (where an expert GEMM would write them): copied once per dispatch, outside combine. */
+      void* input = NULL;
+      int rows = 0;
+      UNIFABCHECK(unifabEpCombineInputBuffer(s->group, &input, &rows));
+      if (freshDispatch) {
+        CUDACHECK(cudaMemcpyAsync(input, s->received, (size_t)rows * s->hidden * 2, cudaMemcpyDeviceToDevice, stream));
+      }
+      a.expertOutput = input;
+    }
     a.weighted = 0;
     a.combinedX = (char*)recvbuff + recvoffset;
     UNIFABCHECK(unifabEpCombine(s->group, s->handle, &a, stream));

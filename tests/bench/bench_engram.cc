@@ -150,8 +150,8 @@ bool runEngramRank(const EngramRun& run, const test::RankEnvironment& env) {
   if (env.rank == 0) {
     printf("# unifab-bench engram: random rows of the peer GPU; median of %d after %d warm-up, L2 flushed, slower "
            "rank; GB/s = 1e9 B/s of rows fetched\n", run.iters, run.warmup);
-    printf("# b2b = per fetch (issue + wait) of %d in a row with no flush or barrier between them (as nccl-tests times)\n",
-           kBackToBack);
+    printf("# b2b = per fetch (issue + wait) of %d in a row with no flush or barrier between them (as nccl-tests times), "
+           "median of %d runs\n", kBackToBack, kBackToBackRuns);
     printf("# %9s %-26s %4s %8s %10s %10s %10s %10s %10s %10s\n", "row B", "engine", "SMs", "rows", "time(us)",
            "Mrows/s", "GB/s", "b2b(us)", "GB/s", "host(us)");
     for (const EngramRow& r : results) {

@@ -177,8 +177,8 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
     printf("# unifab-bench ep ht: %d ranks, %d tokens/rank, hidden %d, top-%d, %d experts, %s dispatch, %s, SMs %s\n",
            env.nRanks, run.tokens, run.hidden, run.topk, run.experts, run.fp8 ? "FP8" : "BF16",
            run.expertMajor ? "expert-major" : "rank-major", sms > 0 ? std::to_string(sms).c_str() : "auto");
-    printf("# median of %d after %d warm-up, L2 flushed, slowest rank; GB/s = 1e9 B/s; b2b = per call of %d in a row;"
-           " host = time inside the call\n", run.iters, run.warmup, kBackToBack);
+    printf("# median of %d after %d warm-up, L2 flushed, slowest rank; GB/s = 1e9 B/s; b2b = per call of %d in a row"
+           " (median of %d runs); host = time inside the call\n", run.iters, run.warmup, kBackToBack, kBackToBackRuns);
     printf("# %-30s %10s %12s %12s %10s %10s\n", "op", "time(us)", "DeepEP GB/s", "NVLink GB/s", "b2b(us)", "host(us)");
     auto row = [&](const char* name, const OpTimes& t, double bytes, double remote) {
       if (t.us <= 0) return;  // not run (--ops)

@@ -163,7 +163,7 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
            env.nRanks, run.hidden, run.topk, run.experts, run.fp8 ? "FP8" : "BF16",
            run.sms > 0 ? std::to_string(run.sms).c_str() : "auto");
     printf("# median and p99 of %d after %d warm-up, L2 flushed, slowest rank; GB/s per (token, expert) selection;"
-           " b2b = per call of %d in a row\n", run.iters, run.warmup, kBackToBack);
+           " b2b = per call of %d in a row (median of %d runs)\n", run.iters, run.warmup, kBackToBack, kBackToBackRuns);
     printf("# %6s %-32s %10s %10s %10s %10s %10s\n", "tokens", "op", "time(us)", "p99(us)", "GB/s", "b2b(us)", "host(us)");
     for (const LlRow& row : rows) {
       const std::string rate = row.bytes > 0 ? std::to_string(row.bytes / (row.t.us * 1e3)).substr(0, 6) : "-";

@@ -86,8 +86,8 @@ bool runPpRank(const PpRun& run, const test::RankEnvironment& env) {
            "after %d warm-up, L2 flushed, slower rank; GB/s = 1e9 B/s\n", engine != nullptr ? engine : "rendezvous",
            (run.chunkBytes ? run.chunkBytes : size_t{8} << 20) >> 10, run.chunksInFlight ? run.chunksInFlight : 4,
            run.iters, run.warmup);
-    printf("# b2b = per call of %d calls in a row with no flush or barrier between them (as nccl-tests times)\n",
-           kBackToBack);
+    printf("# b2b = per call of %d calls in a row with no flush or barrier between them (as nccl-tests times), median "
+           "of %d runs\n", kBackToBack, kBackToBackRuns);
     printf("# %12s %12s %10s %12s %10s %12s %10s %12s %10s %12s %10s\n", "bytes", "unifab(us)", "GB/s", "nccl(us)",
            "GB/s", "copy eng(us)", "GB/s", "unifab b2b", "GB/s", "nccl b2b", "GB/s");
     for (const Row& r : rows) {

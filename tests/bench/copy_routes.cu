@@ -10,7 +10,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <functional>
 #include <string>
 #include <vector>
@@ -278,6 +280,83 @@ bool measureRowCopyStreams(char* local, char* peer, size_t bytes) {
   return true;
 }
 
+// What one process with a thread per GPU (nccl-tests' -t 2) does to the copy engine's host side:
+// each thread issues one cudaMemcpyBatchAsync of 64 KiB rows out of the other GPU to its own GPU,
+// first alone, then both threads at once. The host time of the call is what bounds a copy-engine
+// fetch issued back to back.
+bool measureBatchIssueThreads(char* local0, char* peer1, char* local1, char* peer0, size_t bytes) {
+  constexpr size_t kRow = size_t{64} << 10;
+  const size_t rows = bytes / kRow;
+  if (rows < 2) return true;
+  struct Side {
+    int device = 0;
+    char* dst = nullptr;
+    const char* src = nullptr;
+    cudaStream_t stream = nullptr;
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    std::vector<double> hostUs;
+    cudaError_t status = cudaSuccess;
+  };
+  Side sides[2];
+  sides[0].device = 0, sides[0].dst = local0, sides[0].src = peer1;
+  sides[1].device = 1, sides[1].dst = local1, sides[1].src = peer0;
+  TEST_CUDA_CHECK(cudaSetDevice(1));
+  const cudaError_t enabled = cudaDeviceEnablePeerAccess(0, 0);
+  if (enabled != cudaSuccess && enabled != cudaErrorPeerAccessAlreadyEnabled) TEST_CUDA_CHECK(enabled);
+  (void)cudaGetLastError();
+  for (Side& side : sides) {
+    TEST_CUDA_CHECK(cudaSetDevice(side.device));
+    TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking));
+    for (size_t i = 0; i < rows; ++i) {
+      side.dsts.push_back(side.dst + i * kRow);
+      side.srcs.push_back(side.src + ((i * 7919) % rows) * kRow);
+      side.sizes.push_back(kRow);
+    }
+  }
+  TEST_CUDA_CHECK(cudaSetDevice(0));
+  auto issue = [](Side* side) {
+    if (cudaSetDevice(side->device) != cudaSuccess) return;
+    cudaMemcpyAttributes attributes{};
+    attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attributes.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attributeIndex = 0;
+    const auto start = std::chrono::steady_clock::now();
+    side->status = cudaMemcpyBatchAsync(side->dsts.data(), side->srcs.data(), side->sizes.data(), side->dsts.size(),
+                                        &attributes, &attributeIndex, 1, side->stream);
+    side->hostUs.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+    if (side->status == cudaSuccess) side->status = cudaStreamSynchronize(side->stream);
+  };
+  printf("# host time of one cudaMemcpyBatchAsync of %zu rows of 64 KiB, per issuing thread (median of 9)\n", rows);
+  for (int both = 0; both < 2; ++both) {
+    for (Side& side : sides) side.hostUs.clear();
+    for (int i = 0; i < 10; ++i) {
+      if (both) {
+        std::thread other(issue, &sides[1]);
+        issue(&sides[0]);
+        other.join();
+      } else {
+        issue(&sides[0]);
+      }
+      for (Side& side : sides) TEST_CUDA_CHECK(side.status);
+    }
+    for (int k = 0; k < (both ? 2 : 1); ++k) {
+      sides[k].hostUs.erase(sides[k].hostUs.begin());  // warm-up
+      printf("  %-44s %10.1f us (%.2f us per copy)\n",
+             both ? (k == 0 ? "thread of GPU 0, both threads at once" : "thread of GPU 1, both threads at once")
+                  : "thread of GPU 0 alone",
+             median(sides[k].hostUs), median(sides[k].hostUs) / rows);
+    }
+  }
+  for (Side& side : sides) {
+    TEST_CUDA_CHECK(cudaSetDevice(side.device));
+    cudaStreamDestroy(side.stream);
+  }
+  TEST_CUDA_CHECK(cudaSetDevice(0));
+  return true;
+}
+
 bool run(size_t bytes, double busyMs) {
   int gpus = 0, sms = 0, clockKhz = 0;
   TEST_CUDA_CHECK(cudaGetDeviceCount(&gpus));
@@ -346,6 +425,18 @@ bool run(size_t bytes, double busyMs) {
   }
   TEST_CUDA_CHECK(cudaDeviceSynchronize());
   if (peer != nullptr && !measureRowCopyStreams(b, peer, bytes)) return false;
+  if (peer != nullptr) {
+    // GPU 1's own buffers for the two-thread case: it pulls GPU 0's `a` into `peerLocal`.
+    char* peerLocal = nullptr;
+    TEST_CUDA_CHECK(cudaSetDevice(1));
+    TEST_CUDA_CHECK(cudaMalloc(&peerLocal, bytes));
+    TEST_CUDA_CHECK(cudaSetDevice(0));
+    const bool measured = measureBatchIssueThreads(b, peer, peerLocal, a, bytes);
+    TEST_CUDA_CHECK(cudaSetDevice(1));
+    cudaFree(peerLocal);
+    TEST_CUDA_CHECK(cudaSetDevice(0));
+    if (!measured) return false;
+  }
   if (peer != nullptr && !measureHandOver(a, peer, bytes)) return false;
   cudaStreamDestroy(busy);
   cudaStreamDestroy(copies);

@@ -1,7 +1,7 @@
 // How unifab-bench ep times an operation: CUDA events around one call after an L2 flush and a
 // barrier (every rank starts together), the median and 99th percentile over the iterations, the
-// time per call of calls issued back to back, and the host time inside one call; each reduced to
-// the slowest rank.
+// time per call of calls issued back to back (median of kBackToBackRuns runs), and the host time
+// inside one call; each reduced to the slowest rank.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,6 +24,7 @@ struct OpTimes {
   double us = 0, p99Us = 0, backToBackUs = 0, hostUs = 0;
 };
 constexpr int kBackToBack = 10;
+constexpr int kBackToBackRuns = 5;
 
 // Times op() with setup() before the flush (untimed) and teardown() after the stop event
 // (untimed): e.g. the dispatch a combine needs, or the receive phase that completes a timed send.
@@ -57,15 +58,22 @@ bool timeOp(test::NcclSession& session, Timer& timer, int iters, int warmup, Set
   times->backToBackUs = 0;
   if (!session.barrier(true)) return false;
   if (backToBack) {
-    TEST_CUDA_CHECK(cudaEventRecord(timer.start, session.stream()));
-    for (int i = 0; i < kBackToBack; ++i) {
-      if (!op() || !teardown()) return false;
+    // The median of kBackToBackRuns runs of kBackToBack calls: one run of a few microseconds per
+    // call carries the noise of a single host hiccup.
+    std::vector<double> runs;
+    for (int run = 0; run < kBackToBackRuns; ++run) {
+      if (!session.barrier(true)) return false;
+      TEST_CUDA_CHECK(cudaEventRecord(timer.start, session.stream()));
+      for (int i = 0; i < kBackToBack; ++i) {
+        if (!op() || !teardown()) return false;
+      }
+      TEST_CUDA_CHECK(cudaEventRecord(timer.stop, session.stream()));
+      TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
+      float ms = 0;
+      TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, timer.start, timer.stop));
+      runs.push_back(ms * 1000.0 / kBackToBack);
     }
-    TEST_CUDA_CHECK(cudaEventRecord(timer.stop, session.stream()));
-    TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
-    float ms = 0;
-    TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, timer.start, timer.stop));
-    times->backToBackUs = ms * 1000.0 / kBackToBack;
+    times->backToBackUs = median(runs);
   }
   for (double* value : {&times->us, &times->p99Us, &times->backToBackUs, &times->hostUs}) {
     if (!session.maxOverRanks(value)) return false;
