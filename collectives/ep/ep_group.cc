@@ -160,7 +160,11 @@ Result unifabEpGroup::planLayout(const unifabEpConfig_t& config, int nRanks, kep
   L.combineX = window.reserve(static_cast<size_t>(nRanks) * config.maxTokensPerRank * config.hidden * 2);
   L.combineWeights = window.reserve(sizeof(float) * static_cast<size_t>(nRanks) * config.maxTokensPerRank * config.topk);
   L.combineFlags = window.reserve(sizeof(uint64_t) * static_cast<size_t>(nRanks) * config.maxTokensPerRank);
-  L.combineIn = window.reserve(cap * L.rowBytes);
+  // The combine input shares the partials' region (both are recvCapacity rows): a combine either
+  // pushes partials into the peers' regions or reads the rows in place there, on every rank alike,
+  // and each kind ends only once the region has been read (pushed partials reduced; rows read by
+  // every peer, combineRead), before the next call may write it.
+  L.combineIn = L.combineX;
   L.total = window.used();
   *layout = L;
   return unifabSuccess;

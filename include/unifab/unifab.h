@@ -175,7 +175,9 @@ UNIFAB_API unifabResult_t unifabEpCombine(unifabEpGroup_t group, unifabEpHandle_
  * NVLink, instead of being pushed by this rank: the link carries each row once and every SM of
  * the call sums tokens. Every rank must pass its combine input to the same combine, or none (a
  * mismatch times out, see unifabEpGetAsyncError). The buffer may be rewritten once that combine
- * has completed on the stream. Rank-major dispatches only. */
+ * has completed on the stream. It is the region where a pushing combine (expertOutput elsewhere)
+ * receives the peers' partial sums: write it after the group's previous combine has completed.
+ * Rank-major dispatches only; it adds nothing to unifabEpBufferSize. */
 UNIFAB_API unifabResult_t unifabEpCombineInputBuffer(unifabEpGroup_t group, void** buffer, int* maxRows);
 
 UNIFAB_API unifabResult_t unifabEpHandleDestroy(unifabEpHandle_t handle);

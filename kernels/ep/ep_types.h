@@ -41,7 +41,8 @@ struct WindowLayout {
   size_t combineX;       // bf16 [nRanks][maxTokens][hidden]: partial sums from each rank
   size_t combineWeights; // float [nRanks][maxTokens][topk]
   size_t combineFlags;   // uint64 [nRanks][maxTokens]: combine epoch whose partial from rank s for token t landed
-  size_t combineIn;      // bf16 [recvCapacity][hidden]: expert outputs the peers read (unifabEpCombineInputBuffer)
+  size_t combineIn;      // bf16 [recvCapacity][hidden]: expert outputs the peers read (unifabEpCombineInputBuffer);
+                         // the same region as combineX (a combine uses one or the other on every rank)
   size_t total;
   int recvCapacity;      // nRanks * maxTokensPerRank
   int countRowWords;     // nRanks (rows to each rank) + numLocalExperts (rows for each of our experts)

@@ -895,15 +895,19 @@ __global__ void __launch_bounds__(kPullThreads) combinePullKernel(GroupView g, R
   }
   if (lastBlockToFinish(g)) {
     // Every block's reads of the peers' inputs are done (lastBlockToFinish's system fence): tell
-    // each rank, and wait until every rank has read ours. combineDone keeps the pushing combine's
-    // protocol whole: this rank's partial buffers were not used.
+    // each rank, and wait until every rank has read ours. Only then combineDone: a pushing
+    // combine that follows writes its partials into this same region (WindowLayout::combineIn).
+    const size_t control = g.layout.control;
     if (threadIdx.x < g.nRanks) {
       const int d = threadIdx.x;
-      const size_t control = g.layout.control;
       storeRelease(reinterpret_cast<uint64_t*>(at(g, d, control + offsetof(Control, combineRead))) + g.rank, epoch);
-      storeRelease(reinterpret_cast<uint64_t*>(at(g, d, control + offsetof(Control, combineDone))) + g.rank, epoch);
       waitEpoch(reinterpret_cast<const uint64_t*>(at(g, g.rank, control + offsetof(Control, combineRead))) + d, epoch,
                 g.timeoutNs, g.error, g.hostError, kErrorTimeout);
+    }
+    __syncthreads();
+    if (threadIdx.x < g.nRanks) {
+      storeRelease(reinterpret_cast<uint64_t*>(at(g, threadIdx.x, control + offsetof(Control, combineDone))) + g.rank,
+                   epoch);
     }
     __syncthreads();
     tracePoint(g, kTraceCombineEnd, epoch);
