@@ -21,10 +21,6 @@ namespace {
 constexpr size_t kMaxRowBytes = size_t{1} << 20;
 constexpr int kDefaultGatherSms = 4;
 constexpr size_t kMaxBatch = 4096;  // copies per cudaMemcpyBatchAsync call
-// Copies from which a copy-engine fetch is split over two streams. Measured on 2 x H200 with
-// 4096 rows of 64 KiB: 1.47 M copies/s from one stream, 1.67 M from two at once; below a few
-// hundred copies the fork and join would cost more than they save.
-constexpr size_t kSplitCopies = 256;
 
 }  // namespace
 
@@ -69,9 +65,6 @@ Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& co
   // the peers alone in its collective teardown.
   unifab::collectives::DeviceGuard guard(dc.cudaDevice());
   UF_CUDA_CHECK(cudaStreamCreateWithFlags(&table->stream_, cudaStreamNonBlocking));
-  UF_CUDA_CHECK(cudaStreamCreateWithFlags(&table->splitStream_, cudaStreamNonBlocking));
-  UF_CUDA_CHECK(cudaEventCreateWithFlags(&table->splitFork_, cudaEventDisableTiming));
-  UF_CUDA_CHECK(cudaEventCreateWithFlags(&table->splitJoin_, cudaEventDisableTiming));
   UF_CUDA_CHECK(cudaMalloc(&table->deviceMemory_, sizeof(int)));
   UF_CUDA_CHECK(cudaMemset(table->deviceMemory_, 0, sizeof(int)));
   UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&table->hostError_), sizeof(int), cudaHostAllocMapped));
@@ -99,13 +92,9 @@ Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& co
 unifabEngramTable::~unifabEngramTable() {
   if (comm_) {
     unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
-    for (cudaStream_t stream : {splitStream_, stream_}) {
-      if (stream == nullptr) continue;
-      UF_CUDA_WARN(cudaStreamSynchronize(stream));
-      UF_CUDA_WARN(cudaStreamDestroy(stream));
-    }
-    for (cudaEvent_t event : {splitFork_, splitJoin_}) {
-      if (event != nullptr) UF_CUDA_WARN(cudaEventDestroy(event));
+    if (stream_ != nullptr) {
+      UF_CUDA_WARN(cudaStreamSynchronize(stream_));
+      UF_CUDA_WARN(cudaStreamDestroy(stream_));
     }
     UF_CUDA_WARN(cudaDeviceSynchronize());  // readers elsewhere on this GPU may still use the rows
   }
@@ -201,10 +190,14 @@ Result unifabEngramTable::copyEngineFetch(const unifabEngramFetchArgs_t& a) {
   std::vector<void*> dsts;
   std::vector<const void*> srcs;
   std::vector<size_t> sizes;
-  const size_t copies = runs.size() * (config_.rowScales ? 2 : 1);
-  dsts.reserve(copies);
-  srcs.reserve(copies);
-  sizes.reserve(copies);
+  auto flush = [&]() -> Result {
+    if (dsts.empty()) return unifabSuccess;
+    UF_CHECK(unifab::collectives::copyEngineBatch(dsts.data(), srcs.data(), sizes.data(), dsts.size(), stream_));
+    dsts.clear();
+    srcs.clear();
+    sizes.clear();
+    return unifabSuccess;
+  };
   for (bool scales : {false, true}) {
     if (scales && !config_.rowScales) break;
     const size_t unit = scales ? sizeof(float) : config_.rowBytes;
@@ -214,26 +207,11 @@ Result unifabEngramTable::copyEngineFetch(const unifabEngramFetchArgs_t& a) {
       dsts.push_back(out + run.firstOut * unit);
       srcs.push_back(base + static_cast<size_t>(run.firstRow) * unit);
       sizes.push_back(static_cast<size_t>(run.rows) * unit);
+      if (dsts.size() == engram::kMaxBatch) UF_CHECK(flush());
     }
+    UF_CHECK(flush());
   }
-  auto issueRange = [&](size_t first, size_t end, cudaStream_t stream) -> Result {
-    for (size_t at = first; at < end; at += engram::kMaxBatch) {
-      const size_t count = std::min(engram::kMaxBatch, end - at);
-      UF_CHECK(unifab::collectives::copyEngineBatch(dsts.data() + at, srcs.data() + at, sizes.data() + at, count, stream));
-    }
-    return unifabSuccess;
-  };
-  if (copies < engram::kSplitCopies) return issueRange(0, copies, stream_);
-  // The second half on splitStream_, after everything stream_ waits for, and stream_ after it.
-  UF_CUDA_CHECK(cudaEventRecord(splitFork_, stream_));
-  UF_CUDA_CHECK(cudaStreamWaitEvent(splitStream_, splitFork_, 0));
-  const size_t firstHalf = copies / 2;
-  const Result issued = issueRange(0, firstHalf, stream_);
-  const Result split = issued == unifabSuccess ? issueRange(firstHalf, copies, splitStream_) : issued;
-  // Joined even after a failure: stream_'s waiters must not run ahead of copies already queued.
-  UF_CUDA_CHECK(cudaEventRecord(splitJoin_, splitStream_));
-  UF_CUDA_CHECK(cudaStreamWaitEvent(stream_, splitJoin_, 0));
-  return split;
+  return unifabSuccess;
 }
 
 Result unifabEngramTable::gatherFetch(const unifabEngramFetchArgs_t& a, int sms) {

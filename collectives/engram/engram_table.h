@@ -38,10 +38,6 @@ struct unifabEngramTable {
   unifab::kernels::engram::TableView view_{};
   size_t scalesOffset_ = 0;
   cudaStream_t stream_ = nullptr;  // fetches run here, after the caller's stream's earlier work
-  // A copy-engine fetch of many copies gives half of them to this stream, forked from and joined
-  // back into stream_: the copy engine completes more copies a second from two streams at once.
-  cudaStream_t splitStream_ = nullptr;
-  cudaEvent_t splitFork_ = nullptr, splitJoin_ = nullptr;
   void* deviceMemory_ = nullptr;   // the error word
   int* hostError_ = nullptr;
   int deviceSms_ = 0;
