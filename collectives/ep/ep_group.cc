@@ -551,6 +551,32 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
                     "expertOutput is the group's combine input, which holds rank-major rows, but the handle's dispatch "
                     "was expert-major: combine expert-major rows from another buffer");
   }
+  // During a combine the peers write this rank's combine regions (pushed partials, their weights
+  // and flags; the last regions of the window) or read them (the combine input): expert outputs
+  // elsewhere in those regions would race with them. (Expert outputs in the dispatch's receive
+  // rows, e.g. identity experts, are fine: no peer touches them during a combine.) The combine's
+  // own outputs have no place anywhere in the window.
+  const char* windowBegin = window_->localBase();
+  const char* windowEnd = windowBegin + view_.layout.total;
+  auto within = [](const void* p, const char* begin, const char* end) {
+    const char* c = static_cast<const char*>(p);
+    return p != nullptr && c >= begin && c < end;
+  };
+  if (!pull && within(a.expertOutput, windowBegin + view_.layout.combineX, windowEnd)) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "expertOutput=%p lies in the group's combine regions [%p, %p) but is not the combine input (%p) "
+                    "itself: pass the combine input, or a buffer the peers do not write", a.expertOutput,
+                    static_cast<const void*>(windowBegin + view_.layout.combineX), static_cast<const void*>(windowEnd),
+                    combineIn);
+  }
+  auto inWindow = [&](const void* p) { return within(p, windowBegin, windowEnd); };
+  if (inWindow(a.combinedX) || inWindow(a.combinedWeights)) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "combinedX=%p / combinedWeights=%p: the outputs must lie outside the group's window [%p, %p), "
+                    "which the peers write and read during the combine", a.combinedX,
+                    static_cast<const void*>(a.combinedWeights), static_cast<const void*>(windowBegin),
+                    static_cast<const void*>(windowEnd));
+  }
   kep::CombineInput input{};
   input.pull = pull;
   input.expertOutput = a.expertOutput;

@@ -177,7 +177,9 @@ UNIFAB_API unifabResult_t unifabEpCombine(unifabEpGroup_t group, unifabEpHandle_
  * mismatch times out, see unifabEpGetAsyncError). The buffer may be rewritten once that combine
  * has completed on the stream. It is the region where a pushing combine (expertOutput elsewhere)
  * receives the peers' partial sums: write it after the group's previous combine has completed.
- * Rank-major dispatches only; it adds nothing to unifabEpBufferSize. */
+ * Rank-major dispatches only; it adds nothing to unifabEpBufferSize. An expertOutput inside it
+ * other than its start, and combinedX or combinedWeights anywhere in the group's buffers, are
+ * refused. */
 UNIFAB_API unifabResult_t unifabEpCombineInputBuffer(unifabEpGroup_t group, void** buffer, int* maxRows);
 
 UNIFAB_API unifabResult_t unifabEpHandleDestroy(unifabEpHandle_t handle);

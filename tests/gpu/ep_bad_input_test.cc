@@ -192,6 +192,14 @@ bool run(NcclSession& session) {
   check(unifabEpDispatch(group, &expertMajor, stream, &byExpert, &result) == unifabSuccess, "expert-major dispatch");
   expectError(combineWith([&](auto& a) { a.expertOutput = combineInput; }, byExpert), unifabInvalidUsage,
               "expert-major", "combine input with an expert-major dispatch");
+  // Inside the combine input but not at its start, or outputs in the window: refused.
+  char* insideInput = static_cast<char*>(combineInput) + static_cast<size_t>(shape.hidden) * 2;
+  expectError(combineWith([&](auto& a) { a.expertOutput = insideInput; }, byExpert), unifabInvalidArgument,
+              "expertOutput", "expertOutput inside the window");
+  expectError(combineWith([&](auto& a) { a.combinedX = combineInput; }, byExpert), unifabInvalidArgument,
+              "combinedX", "combinedX inside the window");
+  expectError(combineWith([&](auto& a) { a.combinedWeights = static_cast<float*>(combineInput); }, byExpert),
+              unifabInvalidArgument, "combinedWeights", "combinedWeights inside the window");
   TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
   check(unifabEpGetAsyncError(group) == unifabSuccess, "the refused combine leaves the group usable");
   TEST_UNIFAB_CHECK(unifabEpHandleDestroy(byExpert));
