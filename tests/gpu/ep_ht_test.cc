@@ -3,8 +3,9 @@
 // rank, masked top-k entries), poisons the outputs, and checks bit for bit: payload bytes, FP8
 // scales, local expert ids, weights, sources, counts, and combine's sums in their fixed order.
 // Also: combine from the group's combine input (read in place by the peers), cached re-dispatch
-// with new payloads, and dispatch + experts + combine (both ways) captured in one CUDA graph and
-// replayed with fresh inputs.
+// with new payloads, dispatch + experts + combine (both ways) captured in one CUDA graph and
+// replayed with fresh inputs, and pulling and pushing combines back to back with no host
+// synchronisation and one rank held back.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "tests/common/check_tally.h"
+#include "tests/common/device_data.h"
 #include "tests/common/ep_device.h"
 #include "tests/common/ep_reference.h"
 #include "tests/common/nccl_session.h"
@@ -327,6 +329,84 @@ bool runGraph(NcclSession& session, unifabEpGroup_t group, const Shape& shape, B
   return true;
 }
 
+// Combines of one dispatch issued back to back with no host synchronisation, one rank held back
+// on the GPU before each fill: pull, pull, push, pull; then (after the host waits for the new
+// payload's upload on this rank only) a cached re-dispatch. A peer that read
+// a combine input before its rank filled it or after the next fill, a fill over rows a peer was
+// still reading, or a push into the combine input while it was read, shows as a wrong sum in one
+// of the four outputs (each with its own expert outputs) or a wrong row in the re-dispatch.
+bool runUnsyncedSequence(NcclSession& session, unifabEpGroup_t group, const Shape& shape, Buffers& b,
+                         unifabEpDispatchResult_t* last) {
+  const uint64_t seed = 8080 + static_cast<uint64_t>(shape.hidden);
+  std::vector<RankInput> inputs;
+  for (int r = 0; r < shape.nRanks; ++r) inputs.push_back(makeInput(shape, r, seed, false, 10));
+  const RankInput& mine = inputs[session.rank()];
+  if (!b.input.upload(mine, false, session.stream())) return false;
+  if (!poison(session, *last, shape)) return false;
+  unifabEpDispatchArgs_t args = UNIFAB_EP_DISPATCH_ARGS_INIT;
+  args.numTokens = mine.numTokens;
+  args.x = b.input.x;
+  args.topkIdx = b.input.topk;
+  args.topkWeights = b.input.weights;
+  unifabEpHandle_t handle = nullptr;
+  unifabEpDispatchResult_t result;
+  result.size = sizeof(result);
+  TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &handle, &result));
+  *last = result;
+  void* combineInput = nullptr;
+  TEST_UNIFAB_CHECK(unifabEpCombineInputBuffer(group, &combineInput, nullptr));
+  constexpr int kCombines = 4;
+  const bool pulls[kCombines] = {true, true, false, true};
+  const size_t outBytes = static_cast<size_t>(shape.maxTokens) * shape.hidden * 2;
+  const size_t weightBytes = static_cast<size_t>(shape.maxTokens) * shape.topk * 4;
+  std::vector<void*> outs(kCombines, nullptr), weights(kCombines, nullptr);
+  for (int i = 0; i < kCombines; ++i) {
+    TEST_CUDA_CHECK(cudaMalloc(&outs[i], outBytes));
+    TEST_CUDA_CHECK(cudaMalloc(&weights[i], weightBytes));
+  }
+  for (int i = 0; i < kCombines; ++i) {
+    if (session.rank() == i % shape.nRanks) TEST_CUDA_CHECK(spinOnDevice(200000, session.stream()));
+    uint16_t* rows = pulls[i] ? static_cast<uint16_t*>(combineInput) : b.expertOut;
+    TEST_CUDA_CHECK(fillExpertOutputs(rows, shape.hidden, result.recvSource, result.numRecvRows, false,
+                                      result.expertOffsets, result.recvRowsPerExpert, shape.localExperts(),
+                                      session.rank(), seed + i, result.maxRows, session.stream()));
+    TEST_CUDA_CHECK(cudaMemsetAsync(outs[i], 0xff, outBytes, session.stream()));
+    TEST_CUDA_CHECK(cudaMemsetAsync(weights[i], 0xff, weightBytes, session.stream()));
+    unifabEpCombineArgs_t cargs = UNIFAB_EP_COMBINE_ARGS_INIT;
+    cargs.expertOutput = rows;
+    cargs.combinedX = outs[i];
+    cargs.combinedWeights = static_cast<float*>(weights[i]);
+    TEST_UNIFAB_CHECK(unifabEpCombine(group, handle, &cargs, session.stream()));
+  }
+  // Cached re-dispatch with new payloads: the peers may still be combining.
+  std::vector<RankInput> again;
+  for (int r = 0; r < shape.nRanks; ++r) {
+    RankInput fresh = makeInput(shape, r, seed + 1000003, false, 10, inputs[r].numTokens);
+    fresh.topk = inputs[r].topk;
+    fresh.weights = inputs[r].weights;
+    again.push_back(fresh);
+  }
+  if (!b.input.upload(again[session.rank()], false, session.stream())) return false;
+  args.cachedHandle = handle;
+  args.topkIdx = nullptr;
+  unifabEpHandle_t same = nullptr;
+  TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &same, &result));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+  TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
+  for (int i = 0; i < kCombines; ++i) {
+    verifyCombine(shape, inputs, session.rank(), false, false, seed + i, outs[i], static_cast<float*>(weights[i]),
+                  session.stream(), std::string("unsynchronised ") + (pulls[i] ? "pull" : "push") + " combine " +
+                                        std::to_string(i));
+    cudaFree(outs[i]);
+    cudaFree(weights[i]);
+  }
+  Outputs o;
+  if (!fetch(result, shape, false, session.stream(), &o)) return false;
+  verifyDispatch(shape, again, session.rank(), false, 1, o, "cached dispatch behind unsynchronised combines");
+  TEST_UNIFAB_CHECK(unifabEpHandleDestroy(handle));
+  return true;
+}
+
 bool runShape(NcclSession& session, Shape shape, int iterations, int replays) {
   unifabEpConfig_t config = groupConfig(shape);
   unifabEpGroup_t group = nullptr;
@@ -378,6 +458,7 @@ bool runShape(NcclSession& session, Shape shape, int iterations, int replays) {
   for (bool fromCombineInput : {false, true}) {
     if (replays > 0 && !runGraph(session, group, shape, b, replays, fromCombineInput, &last)) return false;
   }
+  if (!runUnsyncedSequence(session, group, shape, b, &last)) return false;
   cudaFree(b.expertOut);
   cudaFree(b.combined);
   cudaFree(b.combinedWeights);
