@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tests/bench/bench_common.h"
+#include "tests/bench/copy_batch.h"
 #include "tests/bench/ep_timing.h"
 #include "tests/bench/peer_buffer.h"
 #include "tests/bench/plain_gather.h"
@@ -113,12 +114,8 @@ bool runEngramRank(const EngramRun& run, const test::RankEnvironment& env) {
     }
     auto rawBatch = [&](cudaMemcpySrcAccessOrder order, unsigned flags) {
       return [&, order, flags] {
-        cudaMemcpyAttributes attributes{};
-        attributes.srcAccessOrder = order;
-        attributes.flags = flags;
-        size_t attributeIndex = 0;
-        return cudaMemcpyBatchAsync(rowDsts.data(), rowSrcs.data(), rowSizes.data(), rows, &attributes,
-                                    &attributeIndex, 1, session.stream()) == cudaSuccess;
+        return copyBatch(rowDsts.data(), rowSrcs.data(), rowSizes.data(), rows, order, flags, session.stream()) ==
+               cudaSuccess;
       };
     };
     OpTimes t;

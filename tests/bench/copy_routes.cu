@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tests/bench/bench_common.h"
+#include "tests/bench/copy_batch.h"
 #include "tests/common/nccl_session.h"  // TEST_CUDA_CHECK
 
 namespace unifab::bench {
@@ -44,11 +45,7 @@ struct Timer {
 
 cudaError_t batchCopy(void* dst, const void* src, size_t bytes, cudaMemcpySrcAccessOrder order, unsigned flags,
                       cudaStream_t stream) {
-  cudaMemcpyAttributes attributes{};
-  attributes.srcAccessOrder = order;
-  attributes.flags = flags;
-  size_t attributeIndex = 0;
-  return cudaMemcpyBatchAsync(&dst, &src, &bytes, 1, &attributes, &attributeIndex, 1, stream);
+  return copyBatch(&dst, &src, &bytes, 1, order, flags, stream);
 }
 
 // The two stream memory operations a zero-SM hand-over is made of, from the driver.
@@ -235,12 +232,8 @@ bool measureRowCopyStreams(char* local, char* peer, size_t bytes) {
     TEST_CUDA_CHECK(cudaEventCreate(&stops[k]));
   }
   auto batch = [&](int k, size_t first, size_t count) {
-    cudaMemcpyAttributes attributes{};
-    attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    attributes.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-    size_t attributeIndex = 0;
-    return cudaMemcpyBatchAsync(dsts.data() + first, srcs.data() + first, sizes.data() + first, count, &attributes,
-                                &attributeIndex, 1, streams[k]);
+    return copyBatch(dsts.data() + first, srcs.data() + first, sizes.data() + first, count,
+                     cudaMemcpySrcAccessOrderStream, cudaMemcpyFlagPreferOverlapWithCompute, streams[k]);
   };
   printf("# %zu random 64 KiB rows out of the peer, one batch per fetch (median of 9 fetches)\n", rows);
   const char* names[] = {"stream A", "stream B", "stream A again", "streams A and B at once (half each)"};
@@ -318,13 +311,9 @@ bool measureBatchIssueThreads(char* local0, char* peer1, char* local1, char* pee
   TEST_CUDA_CHECK(cudaSetDevice(0));
   auto issue = [](Side* side) {
     if (cudaSetDevice(side->device) != cudaSuccess) return;
-    cudaMemcpyAttributes attributes{};
-    attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    attributes.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-    size_t attributeIndex = 0;
     const auto start = std::chrono::steady_clock::now();
-    side->status = cudaMemcpyBatchAsync(side->dsts.data(), side->srcs.data(), side->sizes.data(), side->dsts.size(),
-                                        &attributes, &attributeIndex, 1, side->stream);
+    side->status = copyBatch(side->dsts.data(), side->srcs.data(), side->sizes.data(), side->dsts.size(),
+                             cudaMemcpySrcAccessOrderStream, cudaMemcpyFlagPreferOverlapWithCompute, side->stream);
     side->hostUs.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
     if (side->status == cudaSuccess) side->status = cudaStreamSynchronize(side->stream);
   };
