@@ -113,6 +113,10 @@ const std::vector<ParamEntry>& entries() {
         "Blocks of a high-throughput combine that push partial sums to peers (the others reduce); 0 "
         "takes the tuner's split. At least one block of each kind remains"},
        0, 1024, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.epCombineSenders = v; }},
+      {{"UNIFAB_EP_DISPATCH_SENDERS", ParamType::kInt, "0", "0..1024",
+        "Blocks of a high-throughput dispatch that write rows into peers (the others write this rank's "
+        "own rows); 0 takes the tuner's split. At least one block of each kind remains"},
+       0, 1024, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.epDispatchSenders = v; }},
   };
   return table;
 }

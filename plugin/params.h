@@ -39,6 +39,7 @@ struct Params {
   bool epValidateOnHost;         // UNIFAB_EP_VALIDATE
   bool epTrace;                  // UNIFAB_EP_TRACE
   int64_t epCombineSenders;      // UNIFAB_EP_COMBINE_SENDERS: 0 = the tuner's split
+  int64_t epDispatchSenders;     // UNIFAB_EP_DISPATCH_SENDERS: 0 = the tuner's split
 };
 
 enum class ParamType { kInt, kSize, kBool, kString, kChoice, kFloat };

@@ -349,6 +349,14 @@ Result unifabEpGroup::checkStream(cudaStream_t stream, bool* capturing) const {
 
 int unifabEpGroup::smsFor(int requested) const { return requested > 0 ? requested : defaultSms_; }
 
+int unifabEpGroup::remoteBlocksFor(unifab::tuner::EpOp op, int blocks) const {
+  int remote = unifab::tuner::epRemoteBlocks(op, view_.nRanks, blocks);
+  const int64_t chosen =
+      op == unifab::tuner::EpOp::kDispatch ? unifab::params().epDispatchSenders : unifab::params().epCombineSenders;
+  if (chosen > 0 && remote > 0 && blocks > 1) remote = static_cast<int>(std::min<int64_t>(chosen, blocks - 1));
+  return remote;
+}
+
 Result unifabEpGroup::validateSms(int numSms) const {
   const int cap = config_.maxSms > 0 ? std::min(config_.maxSms, deviceSms_) : deviceSms_;
   if (numSms < 0 || numSms > cap) {
@@ -468,8 +476,7 @@ Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t str
 
   const int blocks = smsFor(a.numSms);
   UF_CUDA_CHECK(kep::launchDispatch(view_, input, r, cached, blocks,
-                                    unifab::tuner::epRemoteBlocks(unifab::tuner::EpOp::kDispatch, view_.nRanks, blocks),
-                                    stream));
+                                    remoteBlocksFor(unifab::tuner::EpOp::kDispatch, blocks), stream));
   const bool expertMajor = a.layout == unifabEpExpertMajor;
   if (expertMajor) {
     UF_CUDA_CHECK(cudaMemsetAsync(r.expertSlot, 0xff, sizeof(int) * view_.layout.recvCapacity * view_.topk, stream));
@@ -586,9 +593,7 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
   input.combinedWeights = a.combinedWeights;
   const kep::Routing& r = handle->buffers->routing;
   const int blocks = smsFor(a.numSms);
-  int senders = unifab::tuner::epRemoteBlocks(unifab::tuner::EpOp::kCombine, view_.nRanks, blocks);
-  const int64_t chosen = unifab::params().epCombineSenders;
-  if (chosen > 0 && senders > 0 && blocks > 1) senders = static_cast<int>(std::min<int64_t>(chosen, blocks - 1));
-  UF_CUDA_CHECK(kep::launchCombine(view_, r, input, blocks, senders, stream));
+  UF_CUDA_CHECK(kep::launchCombine(view_, r, input, blocks, remoteBlocksFor(unifab::tuner::EpOp::kCombine, blocks),
+                                   stream));
   return unifabSuccess;
 }

@@ -9,6 +9,7 @@
 #include "collectives/common/symmetric.h"
 #include "kernels/ep/ht_kernels.h"
 #include "kernels/ep/ll_kernels.h"
+#include "tuner/ep_policy.h"
 #include "unifab/unifab.h"
 
 struct unifabEpGroup;
@@ -100,6 +101,9 @@ struct unifabEpGroup {
   unifab::Result validateSms(int numSms) const;
   unifab::Result validateIdsOnHost(const unifabEpDispatchArgs_t& args, cudaStream_t stream) const;
   int smsFor(int requested) const;
+  // The tuner's split of `blocks` into blocks that write into peers and the others, unless
+  // UNIFAB_EP_{DISPATCH,COMBINE}_SENDERS chooses it.
+  int remoteBlocksFor(unifab::tuner::EpOp op, int blocks) const;
   unifab::Result initLowLatency(const unifab::kernels::ep::LlLayout& layout);
   unifab::Result validateLowLatencyDispatch(const unifabEpLowLatencyDispatchArgs_t& a, cudaStream_t stream,
                                             unifabEpHandle* receiving) const;
