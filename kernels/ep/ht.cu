@@ -62,8 +62,8 @@ __device__ int blockExclusiveScan(int value, int* total) {
 }
 
 __device__ __forceinline__ int64_t loadExpert(const void* topkIdx, bool is32, size_t index) {
-  return is32 ? static_cast<int64_t>(static_cast<const int32_t*>(topkIdx)[index])
-              : static_cast<const int64_t*>(topkIdx)[index];
+  return is32 ? static_cast<int64_t>(__ldg(static_cast<const int32_t*>(topkIdx) + index))
+              : static_cast<int64_t>(__ldg(static_cast<const long long*>(topkIdx) + index));
 }
 
 
@@ -151,6 +151,9 @@ __device__ __forceinline__ int tokensPerBlock(int numTokens) {
 // Top-k entries staged in shared memory per pass of the layout: the entries are loaded and
 // checked by consecutive threads (coalesced), then each token's thread reads its own from here.
 constexpr int kLayoutEntries = 8192;
+// Top-k entries per thread whose loads are in flight at once (4096 tokens x top-8 on 24 blocks of
+// 1024 threads is 1366 entries a block: two per thread).
+constexpr int kLayoutLoads = 2;
 
 // Layout of this block's token range: destination ranks of every token, the block's tokens for
 // each destination in order, validated ids and weights kept for combine and cached re-dispatch,
@@ -169,15 +172,31 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
     const int tokens = min(passTokens, last - base);
     const size_t firstEntry = static_cast<size_t>(base) * g.topk;
     __syncthreads();  // ids[] of the previous pass is consumed
-    for (int i = threadIdx.x; i < tokens * g.topk; i += blockDim.x) {
-      int64_t id = loadExpert(input.topkIdx, input.topkIdxIs32, firstEntry + i);
-      if (id < -1 || id >= g.numExperts) {
-        raiseError(g.error, g.hostError, kErrorBadExpertId);  // treated as masked so the exchange still completes
-        id = -1;
+    // Every load of a thread's entries is issued before any store: the stores to the routing
+    // could alias the inputs as far as the compiler knows, and would serialise the round trips.
+    const int entries = tokens * g.topk;
+    for (int i0 = threadIdx.x; i0 < entries; i0 += kLayoutLoads * blockDim.x) {
+      int64_t loaded[kLayoutLoads];
+      float weight[kLayoutLoads];
+#pragma unroll
+      for (int u = 0; u < kLayoutLoads; ++u) {
+        const int i = i0 + u * static_cast<int>(blockDim.x);
+        loaded[u] = i < entries ? loadExpert(input.topkIdx, input.topkIdxIs32, firstEntry + i) : -1;
+        weight[u] = i < entries && input.topkWeights != nullptr ? __ldg(input.topkWeights + firstEntry + i) : 1.0f;
       }
-      ids[i] = static_cast<int>(id);
-      r.topkIds[firstEntry + i] = static_cast<int>(id);
-      r.topkWeights[firstEntry + i] = input.topkWeights != nullptr ? input.topkWeights[firstEntry + i] : 1.0f;
+#pragma unroll
+      for (int u = 0; u < kLayoutLoads; ++u) {
+        const int i = i0 + u * static_cast<int>(blockDim.x);
+        if (i >= entries) break;
+        int64_t id = loaded[u];
+        if (id < -1 || id >= g.numExperts) {
+          raiseError(g.error, g.hostError, kErrorBadExpertId);  // treated as masked so the exchange still completes
+          id = -1;
+        }
+        ids[i] = static_cast<int>(id);
+        r.topkIds[firstEntry + i] = static_cast<int>(id);
+        r.topkWeights[firstEntry + i] = weight[u];
+      }
     }
     __syncthreads();
     const int local = static_cast<int>(threadIdx.x);
@@ -344,11 +363,18 @@ __device__ __forceinline__ void writeRow(const GroupView& g, const DispatchInput
 __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, DispatchInput input, Routing r,
                                                                bool cached, int remoteBlocks) {
   __shared__ uint64_t epochShared;
+  __shared__ bool timedOutShared;
   traceStart(g);
-  if (threadIdx.x == 0) epochShared = g.epochs->dispatch + 1;
+  if (threadIdx.x == 0) {
+    // Both words in one round trip: after an L2 flush each is a miss to HBM.
+    const uint64_t last = g.epochs->dispatch;
+    const bool out = timedOut(g);
+    epochShared = last + 1;
+    timedOutShared = out;
+  }
   __syncthreads();
   const uint64_t epoch = epochShared;
-  if (timedOut(g)) return;
+  if (timedOutShared) return;
   if (!cached) layoutBlock(g, input, r);
   __syncthreads();
   if (blockIdx.x == 0) {
