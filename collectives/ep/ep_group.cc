@@ -146,12 +146,12 @@ Result unifabEpGroup::planLayout(const unifabEpConfig_t& config, int nRanks, kep
   UF_CHECK(unifab::collectives::ep::validateConfig(config, nRanks));
   kep::WindowLayout L{};
   L.recvCapacity = nRanks * config.maxTokensPerRank;
-  L.countRowWords = nRanks + config.numExperts / nRanks;
   L.rowBytes = config.hidden * 2;
   const size_t cap = static_cast<size_t>(L.recvCapacity);
   unifab::collectives::ep::Carver window(nullptr);  // offsets only: the window is allocated by NCCL
   L.control = window.reserve(sizeof(kep::Control));
-  L.countWords = window.reserve(sizeof(uint64_t) * static_cast<size_t>(nRanks) * L.countRowWords);
+  L.blockWords = window.reserve(sizeof(uint64_t) * static_cast<size_t>(nRanks) * kep::kMaxBlocks * nRanks);
+  L.expertWords = window.reserve(sizeof(uint64_t) * static_cast<size_t>(nRanks) * (config.numExperts / nRanks));
   L.recvX = window.reserve(cap * L.rowBytes);
   L.recvScales = window.reserve(sizeof(float) * cap * (config.hidden / kep::kScaleBlock));
   L.recvTopk = window.reserve(sizeof(int) * cap * config.topk);
@@ -231,8 +231,7 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   UF_CHECK(unifab::collectives::ep::allocateCarved(&group->deviceMemory_, [&](unifab::collectives::ep::Carver& carve) {
     v.epochs = carve.take<kep::Epochs>(1);
     v.sync = carve.take<kep::GridSync>(1);
-    v.blockCounts = carve.take<int>(static_cast<size_t>(v.maxBlocks) * (v.nRanks + v.numExperts));
-    v.blockBase = carve.take<int>(static_cast<size_t>(v.maxBlocks) * v.nRanks);
+    v.blockCounts = carve.take<int>(static_cast<size_t>(v.maxBlocks) * v.numExperts);
     v.blockTokenStride = v.maxTokensPerRank + v.maxBlocks;
     v.blockTokens = carve.take<int>(static_cast<size_t>(v.nRanks) * v.blockTokenStride);
     v.error = carve.take<int>(1);
@@ -292,7 +291,7 @@ void unifabEpGroup::logTrace() const {
     return;
   }
   static const char* const names[kep::kTracePoints] = {
-      "dispatch: block 0 layout", "dispatch: all counts in", "dispatch: counts exchanged", "dispatch: remote rows written",
+      "dispatch: layout, words sent", "dispatch: count words in", "dispatch: receive counts", "dispatch: remote rows written",
       "dispatch: local rows written", "dispatch: done handshake", "combine: start handshake", "combine: partials sent",
       "combine: last tokens helped", "combine: tokens reduced", "combine: last block done"};
   for (int p = 0; p < kep::kTracePoints; ++p) {

@@ -32,7 +32,9 @@ struct Control {
 // Byte offsets into the window (identical on all ranks) and the sizes they were made for.
 struct WindowLayout {
   size_t control;        // Control
-  size_t countWords;     // uint64 [nRanks][countRowWords]: row s = what rank s sends us, tagged (countWord)
+  size_t blockWords;     // uint64 [nRanks][kMaxBlocks][nRanks]: (s, b, d) = rows that layout block b of rank s
+                         // sends to rank d, tagged (blockWord)
+  size_t expertWords;    // uint64 [nRanks][numLocalExperts]: rows rank s sends to each of our experts, tagged (countWord)
   size_t recvX;          // [recvCapacity][rowBytes]: rank-major received payloads
   size_t recvScales;     // float [recvCapacity][hidden / kScaleBlock]
   size_t recvTopk;       // int [recvCapacity][topk]: local expert ids, -1 elsewhere
@@ -45,7 +47,6 @@ struct WindowLayout {
                          // the same region as combineX (a combine uses one or the other on every rank)
   size_t total;
   int recvCapacity;      // nRanks * maxTokensPerRank
-  int countRowWords;     // nRanks (rows to each rank) + numLocalExperts (rows for each of our experts)
   int rowBytes;          // hidden * 2: the largest payload row (BF16)
 };
 
@@ -59,6 +60,20 @@ UNIFAB_HOST_DEVICE inline bool countWordIsFrom(uint64_t word, uint64_t epoch) {
 }
 UNIFAB_HOST_DEVICE inline int countOf(uint64_t word) { return static_cast<int>(static_cast<uint32_t>(word)); }
 
+// A layout block's word also carries how many blocks its rank's dispatch runs (ranks may run
+// different numbers): 9 bits for up to kMaxBlocks, then 23 for the rows (at most 2^20 tokens).
+constexpr int kBlockWordRowBits = 23;
+UNIFAB_HOST_DEVICE inline uint64_t blockWord(uint64_t epoch, int rows, int blocks) {
+  return (epoch << 32) | (static_cast<uint64_t>(blocks) << kBlockWordRowBits) | static_cast<uint32_t>(rows);
+}
+UNIFAB_HOST_DEVICE inline int blockWordRows(uint64_t word) {
+  return static_cast<int>(word & ((1u << kBlockWordRowBits) - 1));
+}
+UNIFAB_HOST_DEVICE inline int blockWordBlocks(uint64_t word) {
+  return static_cast<int>((word >> kBlockWordRowBits) & 0x1ff);
+}
+static_assert(kMaxBlocks < (1 << (32 - kBlockWordRowBits)), "a block count fits its field");
+
 // Call counters of this rank (device memory). All ranks run the same sequence of calls, so the
 // n-th exchange, dispatch and combine carry the same epoch everywhere.
 struct Epochs {
@@ -69,9 +84,8 @@ struct Epochs {
 // Hand-over between the blocks of one kernel (device memory, this GPU only). The counters return
 // to zero within each call; the go words take the call's epoch, so they never need resetting.
 struct GridSync {
-  unsigned arrived;        // blocks that published their layout counts
+  unsigned arrived;        // blocks that published their expert counts
   unsigned finished;       // blocks done with their share of the payload
-  uint64_t dispatchGo;     // block 0 finished the count exchange of dispatch #value
   uint64_t combineGo;      // block 0 finished the start handshake of combine #value
   uint64_t traceStart;     // global timer when block 0 started the current call (tracing only)
 };
@@ -81,9 +95,9 @@ struct GridSync {
 // call (kTraceCalls slots by epoch), the latest recording of each point: the block that ends a
 // phase last decides the call's time, and a mean over blocks and over warm-up calls hides it.
 enum TracePoint : int {
-  kTraceDispatchLayout = 0,   // block 0: its layout done
-  kTraceDispatchArrived,      // block 0: every block's counts in
-  kTraceDispatchExchanged,    // block 0: counts exchanged with every rank (start handshake)
+  kTraceDispatchLayout = 0,   // each block: its layout done and its count words sent
+  kTraceDispatchCountsIn,     // each block that waits: the count words it needs are in (start handshake)
+  kTraceDispatchReceiveCounts,// last block: receive counts and expert regions done, after its rows
   kTraceDispatchRemoteDone,   // each remote block: its rows written
   kTraceDispatchLocalDone,    // each local block: its rows written
   kTraceDispatchEnd,          // last block: done handshake complete
@@ -110,8 +124,7 @@ struct GroupView {
   char* peerBase[kMaxRanks];  // window base of every rank as this GPU addresses it (own included)
   Epochs* epochs;
   GridSync* sync;
-  int* blockCounts;           // [maxBlocks][nRanks + numExperts]: what each block's token range sends
-  int* blockBase;             // [maxBlocks][nRanks]: first slot of each block's tokens per destination
+  int* blockCounts;           // [maxBlocks][numExperts]: rows each block's token range sends to each expert
   int* blockTokens;           // [nRanks][blockTokenStride]: layout block b's tokens for rank d from b * (its
                               // token count) on, in token order (a dispatch's slot j finds its token here)
   int blockTokenStride;       // maxTokensPerRank + maxBlocks

@@ -155,10 +155,20 @@ constexpr int kLayoutEntries = 8192;
 // 1024 threads is 1366 entries a block: two per thread).
 constexpr int kLayoutLoads = 2;
 
+// Count words of layout blocks: (s, b, d) = rows that block b of rank s sends to rank d, in every
+// rank's window.
+__device__ __forceinline__ uint64_t* blockWordsAt(const GroupView& g, int rank) {
+  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.blockWords));
+}
+__device__ __forceinline__ size_t blockWordIndex(const GroupView& g, int s, int b, int d) {
+  return (static_cast<size_t>(s) * kMaxBlocks + b) * g.nRanks + d;
+}
+
 // Layout of this block's token range: destination ranks of every token, the block's tokens for
-// each destination in order, validated ids and weights kept for combine and cached re-dispatch,
-// and the block's per-rank and per-expert counts for block 0 to sum.
-__device__ void layoutBlock(const GroupView& g, const DispatchInput& input, const Routing& r) {
+// each destination in order, validated ids and weights kept for combine and cached re-dispatch;
+// then the block's rows for each rank go to every rank, and its per-expert counts to the block
+// that sums them.
+__device__ void layoutBlock(const GroupView& g, const DispatchInput& input, const Routing& r, uint64_t epoch) {
   __shared__ int destCount[kMaxRanks];
   __shared__ int expertCount[kMaxExperts];
   __shared__ int ids[kLayoutEntries];
@@ -226,78 +236,128 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
     }
   }
   __syncthreads();
-  int* counts = g.blockCounts + static_cast<size_t>(blockIdx.x) * (g.nRanks + g.numExperts);
-  for (int d = threadIdx.x; d < g.nRanks; d += blockDim.x) counts[d] = destCount[d];
-  for (int e = threadIdx.x; e < g.numExperts; e += blockDim.x) counts[g.nRanks + e] = expertCount[e];
+  int* counts = g.blockCounts + static_cast<size_t>(blockIdx.x) * g.numExperts;
+  for (int e = threadIdx.x; e < g.numExperts; e += blockDim.x) counts[e] = expertCount[e];
+  __syncthreads();
+  // The block's rows for every rank, into every rank's window: each rank places its rows after
+  // those of the lower ranks, and a rank's words of a call are also its start handshake (its
+  // receive buffers are free). The fence publishes the block's token lists with them to the
+  // other blocks of this GPU, and its expert counts to the block that sums them.
+  for (int i = threadIdx.x; i < g.nRanks * g.nRanks; i += blockDim.x) {
+    if (i == static_cast<int>(threadIdx.x)) __threadfence();
+    const int p = i / g.nRanks, d = i % g.nRanks;
+    storeRelaxed(blockWordsAt(g, p) + blockWordIndex(g, g.rank, blockIdx.x, d), blockWord(epoch, destCount[d], gridDim.x));
+  }
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(&g.sync->arrived, 1u);
+  }
 }
 
 // Block counts summed per batch of this many blocks: the loads of a batch are all in flight at once.
 constexpr int kCountBatch = 8;
 
-// This rank's count words to every rank, tagged with the call's epoch: a cached dispatch (no
-// counts) sends its destination words with 0 rows, as the peers only need to see the tag.
-__device__ __forceinline__ uint64_t* countWordsAt(const GroupView& g, int rank) {
-  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.countWords));
-}
-
-// Block 0: waits until every rank's first `columns` count words of this call are in our window.
-__device__ __forceinline__ bool waitCountWords(const GroupView& g, uint64_t epoch, int columns) {
-  const uint64_t* words = countWordsAt(g, g.rank);
-  const int rowWords = g.layout.countRowWords;
+// Waits for the count words a block needs before its rows: for each destination d of its role,
+// every block's word of every rank s <= this rank (the lower ranks' rows come first at d, and this
+// rank's blocks' counts give each block's first row), and the first word of every peer it writes
+// into (the start handshake). A cached dispatch needs the start handshake of its remote
+// destinations only. gridOf[s] receives rank s's block count. The same answer in every thread.
+__device__ bool waitBlockWords(const GroupView& g, uint64_t epoch, bool cached, const Role& role, int* gridOf) {
+  const uint64_t* words = blockWordsAt(g, g.rank);
   bool ok = true;
-  for (int j = threadIdx.x; j < g.nRanks * columns && ok; j += blockDim.x) {
-    const uint64_t* word = words + static_cast<size_t>(j / columns) * rowWords + j % columns;
-    ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+  for (int s = threadIdx.x; s < g.nRanks; s += blockDim.x) {
+    gridOf[s] = 0;
+    const bool needed = s == g.rank ? !cached : (s < g.rank && !cached) || role.remote;
+    if (!needed) continue;
+    const uint64_t* word = words + blockWordIndex(g, s, 0, g.rank);
+    ok = ok && waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+    if (ok) gridOf[s] = blockWordBlocks(loadRelaxed(word));
   }
-  return __syncthreads_or(!ok) == 0;  // the same answer in every thread
+  if (__syncthreads_or(!ok)) return false;
+  if (!cached) {
+    for (int s = 0; s <= g.rank; ++s) {
+      const int columns = gridOf[s] * g.nRanks;
+      for (int j = threadIdx.x; j < columns && ok; j += blockDim.x) {
+        const int b = j / g.nRanks, d = j % g.nRanks;
+        if (!(d == g.rank ? role.local : role.remote)) continue;
+        const uint64_t* word = words + blockWordIndex(g, s, b, d);
+        ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+      }
+    }
+  }
+  __threadfence();  // this rank's blocks' token lists, published before their words
+  return __syncthreads_or(!ok) == 0;
 }
 
-// Block 0, once every block's counts are in: this rank's totals and the first slot of every block,
-// the count words to every rank and back (the start handshake: a peer's words also say that its
-// receive buffers are free), then what this rank receives and where its rows start elsewhere.
-__device__ void exchangeCounts(const GroupView& g, const Routing& r, uint64_t epoch) {
-  const int blocks = gridDim.x;
-  const int blockRow = g.nRanks + g.numExperts;
-  const int rowWords = g.layout.countRowWords;
-  for (int i = threadIdx.x; i < blockRow; i += blockDim.x) {
+// Block 0 of a cached dispatch: the layout is the routing's, so its words are only the start
+// handshake.
+__device__ void publishStart(const GroupView& g, uint64_t epoch) {
+  for (int d = threadIdx.x; d < g.nRanks; d += blockDim.x) {
+    storeRelaxed(blockWordsAt(g, d) + blockWordIndex(g, g.rank, 0, d), blockWord(epoch, 0, 1));
+  }
+}
+
+__device__ __forceinline__ uint64_t* expertWordsAt(const GroupView& g, int rank) {
+  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.expertWords));
+}
+
+// The last block of an uncached dispatch, after its rows (it writes local rows, which end long
+// before the remote ones): this rank's per-expert counts to the experts' owners, then what this
+// rank receives from every rank and for each of its experts, and the experts' aligned regions.
+// None of it is on the path of the rows. False on a timeout.
+__device__ bool finishReceiveCounts(const GroupView& g, const Routing& r, uint64_t epoch) {
+  __shared__ int gridOf[kMaxRanks];
+  __shared__ int fromRank[kMaxRanks];
+  bool ok = true;
+  if (threadIdx.x == 0) {
+    ok = waitCount(g, &g.sync->arrived, gridDim.x);  // every block's expert counts are in
+    if (ok) g.sync->arrived = 0;
+  }
+  for (int s = threadIdx.x; s < g.nRanks; s += blockDim.x) fromRank[s] = 0;
+  if (__syncthreads_or(!ok)) return false;
+  for (int e = threadIdx.x; e < g.numExperts; e += blockDim.x) {
     int sum = 0;
-    for (int b0 = 0; b0 < blocks; b0 += kCountBatch) {
+    for (int b0 = 0; b0 < gridDim.x; b0 += kCountBatch) {
       int count[kCountBatch];
 #pragma unroll
       for (int u = 0; u < kCountBatch; ++u) {
-        count[u] = b0 + u < blocks ? __ldcg(g.blockCounts + static_cast<size_t>(b0 + u) * blockRow + i) : 0;
+        count[u] = b0 + u < gridDim.x ? __ldcg(g.blockCounts + static_cast<size_t>(b0 + u) * g.numExperts + e) : 0;
       }
 #pragma unroll
-      for (int u = 0; u < kCountBatch; ++u) {
-        if (i < g.nRanks && b0 + u < blocks) g.blockBase[static_cast<size_t>(b0 + u) * g.nRanks + i] = sum;
-        sum += count[u];
-      }
+      for (int u = 0; u < kCountBatch; ++u) sum += count[u];
     }
-    const uint64_t word = countWord(epoch, sum);
-    if (i < g.nRanks) {
-      r.sendRows[i] = sum;
-      // Rows for rank i: every rank needs them to place its own rows after ours.
-      for (int p = 0; p < g.nRanks; ++p) storeRelaxed(countWordsAt(g, p) + static_cast<size_t>(g.rank) * rowWords + i, word);
-    } else {
-      // Rows for expert e: only its owner needs them.
-      const int e = i - g.nRanks;
-      const int owner = e / g.numLocalExperts;
-      storeRelaxed(countWordsAt(g, owner) + static_cast<size_t>(g.rank) * rowWords + g.nRanks + e % g.numLocalExperts, word);
+    const int owner = e / g.numLocalExperts;
+    storeRelaxed(expertWordsAt(g, owner) + static_cast<size_t>(g.rank) * g.numLocalExperts + e % g.numLocalExperts,
+                 countWord(epoch, sum));
+  }
+  // Rows from each rank: every block's word for this rank.
+  const uint64_t* words = blockWordsAt(g, g.rank);
+  for (int s = threadIdx.x; s < g.nRanks && ok; s += blockDim.x) {
+    const uint64_t* word = words + blockWordIndex(g, s, 0, g.rank);
+    ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+    gridOf[s] = ok ? blockWordBlocks(loadRelaxed(word)) : 0;
+  }
+  if (__syncthreads_or(!ok)) return false;
+  for (int s = 0; s < g.nRanks; ++s) {
+    int rows = 0;
+    for (int b = threadIdx.x; b < gridOf[s] && ok; b += blockDim.x) {
+      const uint64_t* word = words + blockWordIndex(g, s, b, g.rank);
+      ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+      rows += blockWordRows(loadRelaxed(word));
     }
+    if (rows != 0) atomicAdd(&fromRank[s], rows);
   }
-  if (!waitCountWords(g, epoch, rowWords)) return;
-  const uint64_t* words = countWordsAt(g, g.rank);
-  auto countAt = [&](int s, int column) { return countOf(loadRelaxed(words + static_cast<size_t>(s) * rowWords + column)); };
-  int fromRank = 0;
-  if (threadIdx.x < g.nRanks) {
-    fromRank = countAt(threadIdx.x, g.rank);
-    r.recvRowsPerRank[threadIdx.x] = fromRank;
-    int before = 0;  // rows that lower ranks send to rank threadIdx.x: ours follow them there
-    for (int s = 0; s < g.rank; ++s) before += countAt(s, threadIdx.x);
-    r.sendOffset[threadIdx.x] = before;
+  // Rows for each of our experts: every rank's word for it.
+  const uint64_t* experts = expertWordsAt(g, g.rank);
+  for (int j = threadIdx.x; j < g.nRanks * g.numLocalExperts && ok; j += blockDim.x) {
+    const uint64_t* word = experts + j;
+    ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
   }
+  if (__syncthreads_or(!ok)) return false;
+  const int received = threadIdx.x < g.nRanks ? fromRank[threadIdx.x] : 0;
+  if (threadIdx.x < g.nRanks) r.recvRowsPerRank[threadIdx.x] = received;
   int recvRows = 0;
-  blockExclusiveScan<kCopyThreads>(fromRank, &recvRows);
+  blockExclusiveScan<kCopyThreads>(received, &recvRows);
   // Expert regions: a thread per local expert (at most kMaxExperts = the block size), its count
   // over source ranks, then the aligned regions' offsets by a block scan.
   static_assert(kMaxExperts <= kCopyThreads, "one thread per local expert");
@@ -305,7 +365,7 @@ __device__ void exchangeCounts(const GroupView& g, const Routing& r, uint64_t ep
   int aligned = 0;
   if (e < g.numLocalExperts) {
     int count = 0;
-    for (int s = 0; s < g.nRanks; ++s) count += countAt(s, g.nRanks + e);
+    for (int s = 0; s < g.nRanks; ++s) count += countOf(loadRelaxed(experts + static_cast<size_t>(s) * g.numLocalExperts + e));
     r.recvRowsPerExpert[e] = count;
     aligned = (count + r.expertAlignment - 1) / r.expertAlignment * r.expertAlignment;
   }
@@ -317,17 +377,7 @@ __device__ void exchangeCounts(const GroupView& g, const Routing& r, uint64_t ep
     *r.numExpertRows = expertRows;
     *r.numRecvRows = recvRows;
   }
-}
-
-// Block 0 of a cached dispatch: the layout is the routing's, so the count words are only the
-// start handshake.
-__device__ void exchangeStart(const GroupView& g, uint64_t epoch) {
-  const int rowWords = g.layout.countRowWords;
-  for (int i = threadIdx.x; i < g.nRanks * g.nRanks; i += blockDim.x) {
-    const int p = i / g.nRanks, d = i % g.nRanks;
-    storeRelaxed(countWordsAt(g, p) + static_cast<size_t>(g.rank) * rowWords + d, countWord(epoch, 0));
-  }
-  waitCountWords(g, epoch, g.nRanks);
+  return true;
 }
 
 // What travels with `n` consecutive rows for rank d, the first at `row0`, whose tokens are
@@ -400,42 +450,17 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   __syncthreads();
   const uint64_t epoch = epochShared;
   if (timedOutShared) return;
-  if (!cached) layoutBlock(g, input, r);
-  __syncthreads();
-  if (blockIdx.x == 0) {
-    tracePoint(g, kTraceDispatchLayout, epoch);
-    if (!cached && threadIdx.x == 0) waitCount(g, &g.sync->arrived, gridDim.x - 1);
-    tracePoint(g, kTraceDispatchArrived, epoch);
-    __syncthreads();
-    if (!cached) {
-      if (threadIdx.x == 0) g.sync->arrived = 0;  // the other blocks have all arrived
-      exchangeCounts(g, r, epoch);
-    } else {
-      exchangeStart(g, epoch);
-    }
-    __syncthreads();
-    tracePoint(g, kTraceDispatchExchanged, epoch);
-    if (threadIdx.x == 0) {
-      __threadfence();
-      *reinterpret_cast<volatile uint64_t*>(&g.sync->dispatchGo) = epoch;
-    }
-  } else {
-    if (!cached && threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(&g.sync->arrived, 1u);
-    }
-  }
+  if (!cached) layoutBlock(g, input, r, epoch);
+  if (cached && blockIdx.x == 0) publishStart(g, epoch);
+  tracePoint(g, kTraceDispatchLayout, epoch);
   const Role role = blockRole(remoteBlocks);
-  // A cached dispatch's local rows need nothing from the handshake; everything else does.
-  if (!cached || role.remote) {
-    if (threadIdx.x == 0) waitGo(g, &g.sync->dispatchGo, epoch);
-    __syncthreads();
+  __shared__ int gridOf[kMaxRanks];
+  // A cached dispatch's local rows need nothing from the peers; everything else does.
+  if ((!cached || role.remote) && !waitBlockWords(g, epoch, cached, role, gridOf)) {
+    return;  // never reached the peers' buffers: they time out as well
   }
-  if (timedOut(g)) return;  // never reached the peers' buffers: they time out as well
+  tracePoint(g, kTraceDispatchCountsIn, epoch);
 
-  __shared__ int sendOffset[kMaxRanks];
-  for (int d = threadIdx.x; d < g.nRanks; d += blockDim.x) sendOffset[d] = __ldcg(r.sendOffset + d);
-  __syncthreads();
   const int lane = threadIdx.x % kWarp;
   const int warps = role.count * (kCopyThreads / kWarp);
   const int warp = role.index * (kCopyThreads / kWarp) + static_cast<int>(threadIdx.x) / kWarp;
@@ -449,16 +474,32 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   __shared__ int batchTokens[kCopyThreads];  // a warp's 32 entries: the tokens of its current rows
   int* tokens = batchTokens + (threadIdx.x / kWarp) * kWarp;
   const int payloadBytes = g.hidden * payloadBytesPerValue(input.dtype);
+  const uint64_t* words = blockWordsAt(g, g.rank);
   for (int k = 0; k < g.nRanks; ++k) {
     const int d = (g.rank + 1 + k) % g.nRanks;  // every rank starts with a different peer
     if (!(d == g.rank ? role.local : role.remote)) continue;
-    const int rows = __ldcg(r.sendRows + d);
-    int* sendTokens = r.sendTokens + static_cast<size_t>(d) * g.maxTokensPerRank;
-    if (!cached) {
-      __syncthreads();  // firstSlot of the previous destination is consumed
-      for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) firstSlot[b] = __ldcg(g.blockBase + static_cast<size_t>(b) * g.nRanks + d);
-      __syncthreads();
+    int rows, sendOffset;
+    if (cached) {
+      rows = __ldcg(r.sendRows + d);
+      sendOffset = __ldcg(r.sendOffset + d);
+    } else {
+      // This rank's rows for d and each of its blocks' first row; then the lower ranks' rows for
+      // d, which come first there.
+      const int b = threadIdx.x;
+      const int blockRows = b < gridDim.x ? blockWordRows(loadRelaxed(words + blockWordIndex(g, g.rank, b, d))) : 0;
+      const int first = blockExclusiveScan<kCopyThreads>(blockRows, &rows);  // its barriers order firstSlot's reuse
+      if (b < gridDim.x) firstSlot[b] = first;
+      int lower = 0;
+      for (int s = 0; s < g.rank; ++s) {
+        for (int q = threadIdx.x; q < gridOf[s]; q += blockDim.x) lower += blockWordRows(loadRelaxed(words + blockWordIndex(g, s, q, d)));
+      }
+      blockExclusiveScan<kCopyThreads>(lower, &sendOffset);
+      if (role.index == 0 && threadIdx.x == 0) {  // for combine and cached re-dispatch
+        r.sendRows[d] = rows;
+        r.sendOffset[d] = sendOffset;
+      }
     }
+    int* sendTokens = r.sendTokens + static_cast<size_t>(d) * g.maxTokensPerRank;
     const int* blockTokens = g.blockTokens + static_cast<size_t>(d) * g.blockTokenStride;
     char* recvX = at(g, d, g.layout.recvX);
     const int begin = static_cast<int>(static_cast<int64_t>(rows) * warp / warps);
@@ -486,7 +527,7 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
       __syncwarp();  // the previous batch's tokens are consumed
       tokens[lane] = myToken;
       __syncwarp();
-      const size_t row0 = static_cast<size_t>(sendOffset[d]) + j0;
+      const size_t row0 = static_cast<size_t>(sendOffset) + j0;
       for (int i = 0; i < n; ++i) {
         const int t = __shfl_sync(0xffffffff, myToken, i);
         writeRowsMetadata(g, input, r, d, row0, n, tokens, lane, i, n);
@@ -499,6 +540,11 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   if (g.trace != nullptr) {
     __syncthreads();
     tracePoint(g, role.remote ? kTraceDispatchRemoteDone : kTraceDispatchLocalDone, epoch);
+  }
+  if (!cached && blockIdx.x == gridDim.x - 1) {
+    __syncthreads();  // the block's rows are done: tokens[] and the scans' shared words are free
+    if (!finishReceiveCounts(g, r, epoch)) return;
+    tracePoint(g, kTraceDispatchReceiveCounts, epoch);
   }
   if (lastBlockToFinish(g)) {
     peerHandshake(g, offsetof(Control, dispatchDone), epoch);
