@@ -151,7 +151,8 @@ Result unifabEpGroup::planLayout(const unifabEpConfig_t& config, int nRanks, kep
   unifab::collectives::ep::Carver window(nullptr);  // offsets only: the window is allocated by NCCL
   L.control = window.reserve(sizeof(kep::Control));
   L.blockWords = window.reserve(sizeof(uint64_t) * static_cast<size_t>(nRanks) * kep::kMaxBlocks * nRanks);
-  L.expertWords = window.reserve(sizeof(uint64_t) * static_cast<size_t>(nRanks) * (config.numExperts / nRanks));
+  L.blockExpertWords =
+      window.reserve(sizeof(uint64_t) * static_cast<size_t>(nRanks) * kep::kMaxBlocks * (config.numExperts / nRanks));
   L.recvX = window.reserve(cap * L.rowBytes);
   L.recvScales = window.reserve(sizeof(float) * cap * (config.hidden / kep::kScaleBlock));
   L.recvTopk = window.reserve(sizeof(int) * cap * config.topk);
@@ -231,7 +232,6 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   UF_CHECK(unifab::collectives::ep::allocateCarved(&group->deviceMemory_, [&](unifab::collectives::ep::Carver& carve) {
     v.epochs = carve.take<kep::Epochs>(1);
     v.sync = carve.take<kep::GridSync>(1);
-    v.blockCounts = carve.take<int>(static_cast<size_t>(v.maxBlocks) * v.numExperts);
     v.blockTokenStride = v.maxTokensPerRank + v.maxBlocks;
     v.blockTokens = carve.take<int>(static_cast<size_t>(v.nRanks) * v.blockTokenStride);
     v.error = carve.take<int>(1);

@@ -34,7 +34,8 @@ struct WindowLayout {
   size_t control;        // Control
   size_t blockWords;     // uint64 [nRanks][kMaxBlocks][nRanks]: (s, b, d) = rows that layout block b of rank s
                          // sends to rank d, tagged (blockWord)
-  size_t expertWords;    // uint64 [nRanks][numLocalExperts]: rows rank s sends to each of our experts, tagged (countWord)
+  size_t blockExpertWords; // uint64 [nRanks][kMaxBlocks][numLocalExperts]: (s, b, e) = rows that layout block b of
+                           // rank s sends to our expert e, tagged (countWord)
   size_t recvX;          // [recvCapacity][rowBytes]: rank-major received payloads
   size_t recvScales;     // float [recvCapacity][hidden / kScaleBlock]
   size_t recvTopk;       // int [recvCapacity][topk]: local expert ids, -1 elsewhere
@@ -82,9 +83,8 @@ struct Epochs {
 };
 
 // Hand-over between the blocks of one kernel (device memory, this GPU only). The counters return
-// to zero within each call; the go words take the call's epoch, so they never need resetting.
+// to zero within each call; the go word takes the call's epoch, so it never needs resetting.
 struct GridSync {
-  unsigned arrived;        // blocks that published their expert counts
   unsigned finished;       // blocks done with their share of the payload
   uint64_t combineGo;      // block 0 finished the start handshake of combine #value
   uint64_t traceStart;     // global timer when block 0 started the current call (tracing only)
@@ -97,7 +97,7 @@ struct GridSync {
 enum TracePoint : int {
   kTraceDispatchLayout = 0,   // each block: its layout done and its count words sent
   kTraceDispatchCountsIn,     // each block that waits: the count words it needs are in (start handshake)
-  kTraceDispatchReceiveCounts,// last block: receive counts and expert regions done, after its rows
+  kTraceDispatchReceiveCounts,// last block: receive counts and expert regions done (before its rows)
   kTraceDispatchRemoteDone,   // each remote block: its rows written
   kTraceDispatchLocalDone,    // each local block: its rows written
   kTraceDispatchEnd,          // last block: done handshake complete
@@ -124,7 +124,6 @@ struct GroupView {
   char* peerBase[kMaxRanks];  // window base of every rank as this GPU addresses it (own included)
   Epochs* epochs;
   GridSync* sync;
-  int* blockCounts;           // [maxBlocks][numExperts]: rows each block's token range sends to each expert
   int* blockTokens;           // [nRanks][blockTokenStride]: layout block b's tokens for rank d from b * (its
                               // token count) on, in token order (a dispatch's slot j finds its token here)
   int blockTokenStride;       // maxTokensPerRank + maxBlocks

@@ -82,12 +82,6 @@ __device__ __forceinline__ bool waitGo(const GroupView& g, const uint64_t* word,
   return true;
 }
 
-__device__ __forceinline__ bool waitCount(const GroupView& g, const unsigned* word, unsigned count) {
-  if (!waitUntil<false>(g, [&] { return *reinterpret_cast<const volatile unsigned*>(word) >= count; })) return false;
-  __threadfence();
-  return true;
-}
-
 // Thread d < nRanks of the calling block: tells rank d that this rank reached `flags` #epoch and
 // waits until rank d has told us the same. The fence makes every write this thread has observed
 // (its block's, after a __syncthreads, and other blocks' behind an acquired counter) visible to
@@ -163,6 +157,13 @@ __device__ __forceinline__ uint64_t* blockWordsAt(const GroupView& g, int rank) 
 __device__ __forceinline__ size_t blockWordIndex(const GroupView& g, int s, int b, int d) {
   return (static_cast<size_t>(s) * kMaxBlocks + b) * g.nRanks + d;
 }
+// (s, b, e) = rows that layout block b of rank s sends to our local expert e, in the owner's window.
+__device__ __forceinline__ uint64_t* blockExpertWordsAt(const GroupView& g, int rank) {
+  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.blockExpertWords));
+}
+__device__ __forceinline__ size_t blockExpertWordIndex(const GroupView& g, int s, int b, int e) {
+  return (static_cast<size_t>(s) * kMaxBlocks + b) * g.numLocalExperts + e;
+}
 
 // Layout of this block's token range: destination ranks of every token, the block's tokens for
 // each destination in order, validated ids and weights kept for combine and cached re-dispatch;
@@ -236,26 +237,21 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
     }
   }
   __syncthreads();
-  int* counts = g.blockCounts + static_cast<size_t>(blockIdx.x) * g.numExperts;
-  for (int e = threadIdx.x; e < g.numExperts; e += blockDim.x) counts[e] = expertCount[e];
-  __syncthreads();
   // The block's rows for every rank, into every rank's window: each rank places its rows after
   // those of the lower ranks, and a rank's words of a call are also its start handshake (its
   // receive buffers are free). The fence publishes the block's token lists with them to the
-  // other blocks of this GPU, and its expert counts to the block that sums them.
+  // other blocks of this GPU. Its rows for each expert go to the expert's owner.
   for (int i = threadIdx.x; i < g.nRanks * g.nRanks; i += blockDim.x) {
     if (i == static_cast<int>(threadIdx.x)) __threadfence();
     const int p = i / g.nRanks, d = i % g.nRanks;
     storeRelaxed(blockWordsAt(g, p) + blockWordIndex(g, g.rank, blockIdx.x, d), blockWord(epoch, destCount[d], gridDim.x));
   }
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(&g.sync->arrived, 1u);
+  for (int e = threadIdx.x; e < g.numExperts; e += blockDim.x) {
+    const int owner = e / g.numLocalExperts;
+    storeRelaxed(blockExpertWordsAt(g, owner) + blockExpertWordIndex(g, g.rank, blockIdx.x, e % g.numLocalExperts),
+                 countWord(epoch, expertCount[e]));
   }
 }
-
-// Block counts summed per batch of this many blocks: the loads of a batch are all in flight at once.
-constexpr int kCountBatch = 8;
 
 // Waits for the count words a block needs before its rows: for each destination d of its role,
 // every block's word of every rank s <= this rank (the lower ranks' rows come first at d, and this
@@ -297,39 +293,17 @@ __device__ void publishStart(const GroupView& g, uint64_t epoch) {
   }
 }
 
-__device__ __forceinline__ uint64_t* expertWordsAt(const GroupView& g, int rank) {
-  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.expertWords));
-}
-
-// The last block of an uncached dispatch, after its rows (it writes local rows, which end long
-// before the remote ones): this rank's per-expert counts to the experts' owners, then what this
-// rank receives from every rank and for each of its experts, and the experts' aligned regions.
-// None of it is on the path of the rows. False on a timeout.
+// The last block of an uncached dispatch, before its rows (it writes local rows, which end long
+// before the remote ones): what this rank receives from every rank and for each of its experts,
+// and the experts' aligned regions, from every block's words. None of it is on the path of the
+// remote rows. False on a timeout.
 __device__ bool finishReceiveCounts(const GroupView& g, const Routing& r, uint64_t epoch) {
   __shared__ int gridOf[kMaxRanks];
   __shared__ int fromRank[kMaxRanks];
+  __shared__ int perExpert[kMaxExperts];
   bool ok = true;
-  if (threadIdx.x == 0) {
-    ok = waitCount(g, &g.sync->arrived, gridDim.x);  // every block's expert counts are in
-    if (ok) g.sync->arrived = 0;
-  }
   for (int s = threadIdx.x; s < g.nRanks; s += blockDim.x) fromRank[s] = 0;
-  if (__syncthreads_or(!ok)) return false;
-  for (int e = threadIdx.x; e < g.numExperts; e += blockDim.x) {
-    int sum = 0;
-    for (int b0 = 0; b0 < gridDim.x; b0 += kCountBatch) {
-      int count[kCountBatch];
-#pragma unroll
-      for (int u = 0; u < kCountBatch; ++u) {
-        count[u] = b0 + u < gridDim.x ? __ldcg(g.blockCounts + static_cast<size_t>(b0 + u) * g.numExperts + e) : 0;
-      }
-#pragma unroll
-      for (int u = 0; u < kCountBatch; ++u) sum += count[u];
-    }
-    const int owner = e / g.numLocalExperts;
-    storeRelaxed(expertWordsAt(g, owner) + static_cast<size_t>(g.rank) * g.numLocalExperts + e % g.numLocalExperts,
-                 countWord(epoch, sum));
-  }
+  for (int e = threadIdx.x; e < g.numLocalExperts; e += blockDim.x) perExpert[e] = 0;
   // Rows from each rank: every block's word for this rank.
   const uint64_t* words = blockWordsAt(g, g.rank);
   for (int s = threadIdx.x; s < g.nRanks && ok; s += blockDim.x) {
@@ -347,11 +321,15 @@ __device__ bool finishReceiveCounts(const GroupView& g, const Routing& r, uint64
     }
     if (rows != 0) atomicAdd(&fromRank[s], rows);
   }
-  // Rows for each of our experts: every rank's word for it.
-  const uint64_t* experts = expertWordsAt(g, g.rank);
-  for (int j = threadIdx.x; j < g.nRanks * g.numLocalExperts && ok; j += blockDim.x) {
-    const uint64_t* word = experts + j;
-    ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+  // Rows for each of our experts: every block's word for it.
+  const uint64_t* experts = blockExpertWordsAt(g, g.rank);
+  for (int s = 0; s < g.nRanks; ++s) {
+    for (int j = threadIdx.x; j < gridOf[s] * g.numLocalExperts && ok; j += blockDim.x) {
+      const uint64_t* word = experts + blockExpertWordIndex(g, s, j / g.numLocalExperts, j % g.numLocalExperts);
+      ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+      const int rows = countOf(loadRelaxed(word));
+      if (rows != 0) atomicAdd(&perExpert[j % g.numLocalExperts], rows);
+    }
   }
   if (__syncthreads_or(!ok)) return false;
   const int received = threadIdx.x < g.nRanks ? fromRank[threadIdx.x] : 0;
@@ -364,8 +342,7 @@ __device__ bool finishReceiveCounts(const GroupView& g, const Routing& r, uint64
   const int e = threadIdx.x;
   int aligned = 0;
   if (e < g.numLocalExperts) {
-    int count = 0;
-    for (int s = 0; s < g.nRanks; ++s) count += countOf(loadRelaxed(experts + static_cast<size_t>(s) * g.numLocalExperts + e));
+    const int count = perExpert[e];
     r.recvRowsPerExpert[e] = count;
     aligned = (count + r.expertAlignment - 1) / r.expertAlignment * r.expertAlignment;
   }
@@ -460,6 +437,10 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
     return;  // never reached the peers' buffers: they time out as well
   }
   tracePoint(g, kTraceDispatchCountsIn, epoch);
+  if (!cached && blockIdx.x == gridDim.x - 1) {
+    if (!finishReceiveCounts(g, r, epoch)) return;
+    tracePoint(g, kTraceDispatchReceiveCounts, epoch);
+  }
 
   const int lane = threadIdx.x % kWarp;
   const int warps = role.count * (kCopyThreads / kWarp);
@@ -540,11 +521,6 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   if (g.trace != nullptr) {
     __syncthreads();
     tracePoint(g, role.remote ? kTraceDispatchRemoteDone : kTraceDispatchLocalDone, epoch);
-  }
-  if (!cached && blockIdx.x == gridDim.x - 1) {
-    __syncthreads();  // the block's rows are done: tokens[] and the scans' shared words are free
-    if (!finishReceiveCounts(g, r, epoch)) return;
-    tracePoint(g, kTraceDispatchReceiveCounts, epoch);
   }
   if (lastBlockToFinish(g)) {
     peerHandshake(g, offsetof(Control, dispatchDone), epoch);
