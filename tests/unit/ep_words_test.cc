@@ -1,0 +1,37 @@
+// The tagged count words of the EP kernels (kernels/ep/ep_types.h): a word is its own arrival
+// flag, so its packing must keep the epoch, rows and block count apart at their limits.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "kernels/ep/ep_types.h"
+
+namespace kep = unifab::kernels::ep;
+
+namespace {
+
+TEST(EpWords, BlockWordKeepsRowsBlocksAndEpochApartAtTheirLimits) {
+  const int maxRows = 1 << 20;  // collectives/ep: kMaxTokensPerRank
+  const uint64_t epochs[] = {1, 2, 0xffffffffULL, 0x100000001ULL};
+  const int rowsCases[] = {0, 1, 4095, maxRows};
+  const int blockCases[] = {1, 24, 132, kep::kMaxBlocks};
+  for (uint64_t epoch : epochs) {
+    for (int rows : rowsCases) {
+      for (int blocks : blockCases) {
+        const uint64_t word = kep::blockWord(epoch, rows, blocks);
+        EXPECT_EQ(kep::blockWordRows(word), rows) << epoch << " " << rows << " " << blocks;
+        EXPECT_EQ(kep::blockWordBlocks(word), blocks) << epoch << " " << rows << " " << blocks;
+        EXPECT_TRUE(kep::countWordIsFrom(word, epoch));
+        EXPECT_FALSE(kep::countWordIsFrom(word, epoch + 1)) << "a word of the previous call must not pass";
+      }
+    }
+  }
+}
+
+TEST(EpWords, AZeroedWindowHoldsNoWordOfTheFirstCall) {
+  // The window starts zeroed and the first dispatch has epoch 1.
+  EXPECT_FALSE(kep::countWordIsFrom(0, 1));
+  EXPECT_TRUE(kep::countWordIsFrom(kep::countWord(1, 0), 1));
+}
+
+}  // namespace
