@@ -71,6 +71,13 @@ typedef struct CUstream_st* cudaStream_t;
  * the host, except with hostCounts=1 or UNIFAB_EP_VALIDATE=1; such calls cannot be captured in a
  * CUDA graph, every other call can (as long as a prepared routing is free: four per group, one
  * per live handle).
+ *
+ * Every rank of a group makes the same calls in the same order (a dispatch everywhere, cached
+ * everywhere with the handles of the same earlier dispatch, or not at all), and a group's calls
+ * are ordered on one stream or by the caller's events: the calls share the group's window and
+ * counters. A rank that makes another call than its peers is reported by a timeout
+ * (UNIFAB_EP_TIMEOUT_MS) in most cases; a cached re-dispatch on some ranks only, or of different
+ * dispatches, is not detected and corrupts the received rows.
  * ============================================================================================ */
 
 typedef struct unifabEpGroup* unifabEpGroup_t;

@@ -51,8 +51,10 @@ struct WindowLayout {
   int rowBytes;          // hidden * 2: the largest payload row (BF16)
 };
 
-// A count row word carries its dispatch's epoch (low 32 bits) with the count, so one relaxed
-// 64-bit store is both the data and its arrival flag: the start of a dispatch needs no fence.
+// A count word carries the low 32 bits of its dispatch's epoch in its high half and the count in
+// its low half, so one relaxed 64-bit store is both the data and its arrival flag: the start of a
+// dispatch needs no fence. (A word not rewritten for exactly 2^32 calls would pass as current: at
+// one dispatch every 22 us that is ~26 hours of back-to-back calls. Not handled yet.)
 UNIFAB_HOST_DEVICE inline uint64_t countWord(uint64_t epoch, int count) {
   return (epoch << 32) | static_cast<uint32_t>(count);
 }
@@ -84,6 +86,8 @@ struct Epochs {
 
 // Hand-over between the blocks of one kernel (device memory, this GPU only). The counters return
 // to zero within each call; the go word takes the call's epoch, so it never needs resetting.
+// After a timeout they may not (blocks that give up never count in), which is harmless while a
+// timeout ends the group for good.
 struct GridSync {
   unsigned finished;       // blocks done with their share of the payload
   uint64_t combineGo;      // block 0 finished the start handshake of combine #value
