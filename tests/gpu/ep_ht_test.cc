@@ -141,13 +141,14 @@ struct Case {
   bool hostCounts;
   bool weighted;
   int numSms;  // 0: the group's choice; 1..3 exercise one block doing both roles and small splits
+  bool unevenSms;  // dispatch: rank r runs numSms + r blocks (the count words carry each rank's)
 };
 
 std::string describe(const Case& c) {
   char text[200];
-  snprintf(text, sizeof(text), "E%d H%d top-%d %s %s%s SMs %d", c.shape.numExperts, c.shape.hidden, c.shape.topk,
+  snprintf(text, sizeof(text), "E%d H%d top-%d %s %s%s SMs %d%s", c.shape.numExperts, c.shape.hidden, c.shape.topk,
            c.fp8 ? "fp8" : "bf16", c.expertMajor ? "expert-major/" : "rank-major",
-           c.expertMajor ? std::to_string(c.alignment).c_str() : "", c.numSms);
+           c.expertMajor ? std::to_string(c.alignment).c_str() : "", c.numSms, c.unevenSms ? " + rank" : "");
   return text;
 }
 
@@ -179,7 +180,7 @@ bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_
   args.layout = c.expertMajor ? unifabEpExpertMajor : unifabEpRankMajor;
   args.expertAlignment = c.alignment;
   args.hostCounts = c.hostCounts ? 1 : 0;
-  args.numSms = c.numSms;
+  args.numSms = c.numSms + (c.unevenSms ? session.rank() : 0);
   unifabEpHandle_t handle = nullptr;
   unifabEpDispatchResult_t result;
   result.size = sizeof(result);
@@ -250,7 +251,8 @@ bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_
   args.cachedHandle = handle;
   args.topkIdx = nullptr;
   args.hostCounts = 0;
-  args.numSms = c.numSms == 3 ? 0 : 3;  // the routing does not depend on the block count
+  // The routing does not depend on the block count, nor on the peers' counts.
+  args.numSms = (c.numSms == 3 ? 0 : 3) + (c.unevenSms ? session.rank() : 0);
   unifabEpHandle_t same = nullptr;
   TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &same, &result));
   TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
@@ -448,7 +450,7 @@ bool runShape(NcclSession& session, Shape shape, int iterations, int replays) {
   for (int i = 0; i < iterations; ++i) {
     static const int kSms[] = {0, 1, 2, 3, 5};
     Case c{shape, i % 2 == 1, i % 4 >= 2, (i % 3 == 0) ? 1 : (i % 3 == 1 ? 8 : 64), i % 5 == 1, i % 7 == 0, i % 2 == 0,
-           kSms[i % 5]};
+           kSms[i % 5], i % 5 == 4};
     uint64_t seed = 1000 * static_cast<uint64_t>(shape.numExperts) + 17 * static_cast<uint64_t>(i) + shape.hidden;
     unifabEpDispatchResult_t& previous = c.expertMajor ? lastExpert : last;
     if (c.expertMajor && !knowExpert) previous = last;  // the rank-major arrays are poisoned instead
