@@ -2,10 +2,12 @@
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
 # and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
-#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [nccltests] [tunesweep] [epsweep] [trace] [sanitize] [sweep]
+#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [nccltests] [tunesweep] [epsweep] [trace] [sanitize] [sweep] [ab]
 #   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
 # UNIFAB_TUNESWEEP_NETS / UNIFAB_TUNESWEEP_OPS limit the tunesweep step (it runs ~2 min per pair);
+# ab measures the working tree against itself with UNIFAB_AB_PATCH (default ab.patch) reversed,
+# interleaved (UNIFAB_AB_ARGS, UNIFAB_AB_DTYPES, UNIFAB_AB_REPS);
 # UNIFAB_GPU_TESTS_LIMIT_S bounds the whole tests step (default 3000 s) so that a hang still
 # leaves its logs. nccltests needs nccl-tests v2.19.6 in NCCL_TESTS_SRC (default: .nccl-tests-src,
 # an ignored folder to `carry`).
@@ -240,6 +242,34 @@ for step in $steps; do
       -- t4-chunk512k UNIFAB_SOCKET_NTHREADS=4 UNIFAB_SOCKET_CHUNK_BYTES=512K \
       -- t8-nopoll UNIFAB_SOCKET_BUSY_POLL_US=0 -- s2t4 UNIFAB_SOCKET_NSTREAMS=2 UNIFAB_SOCKET_NTHREADS=4 \
       -- t4-buf4m UNIFAB_SOCKET_NTHREADS=4 UNIFAB_SOCKET_BUFFER_BYTES=4M
+    ;;
+  ab)
+    # A change against its baseline on the same machine, interleaved: the working tree is the
+    # change, and the baseline is the working tree with UNIFAB_AB_PATCH reversed (make it with
+    # `git diff BASE > ab.patch` in the repository root; it is ignored by git, so name it in the
+    # device call's carry list).
+    patch_file="${UNIFAB_AB_PATCH:-$here/ab.patch}"
+    base_src=/tmp/unifab-ab-base
+    rm -rf "$base_src" && mkdir -p "$base_src"
+    (cd "$here" && tar --exclude='./build*' --exclude='./gpu-results' -cf - .) | tar -xf - -C "$base_src"
+    if ! (cd "$base_src" && patch -R -p1 -s <"$patch_file") >"$logs/ab-patch.log" 2>&1; then
+      say "ab: $patch_file does not reverse-apply to this tree"; cat "$logs/ab-patch.log"; failed=1; continue
+    fi
+    cmake -S "$base_src" -B "$base_src/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+      ${NCCL_HOME:+-DNCCL_HOME="$NCCL_HOME"} >"$logs/ab-build.log" 2>&1 &&
+      cmake --build "$base_src/build" -j "$(nproc)" --target unifab-bench >>"$logs/ab-build.log" 2>&1 ||
+      { say "ab: the baseline does not build"; tail -20 "$logs/ab-build.log"; failed=1; continue; }
+    ab_args="${UNIFAB_AB_ARGS:-ep --mode ht --sms 24 --ops dispatch,cached,empty --iters 30 --warmup 5}"
+    say "== ab: $ab_args, baseline (patch reversed) and change, interleaved, ${UNIFAB_AB_REPS:-3} repetitions"
+    for rep in $(seq 1 "${UNIFAB_AB_REPS:-3}"); do
+      for dtype in ${UNIFAB_AB_DTYPES:-fp8 bf16}; do
+        for side in base change; do
+          binary="$bench"; [ $side = base ] && binary="$base_src/build/tests/bench/unifab-bench"
+          timeout 120 "$binary" $ab_args --dtype "$dtype" >"$logs/ab-$side-$dtype-$rep.txt" 2>&1 || failed=1
+          grep -E "^  [a-z]" "$logs/ab-$side-$dtype-$rep.txt" | sed "s/^/$side $dtype rep $rep:/" | tee -a "$summary"
+        done
+      done
+    done
     ;;
   *) echo "unknown step $step"; failed=1 ;;
   esac
