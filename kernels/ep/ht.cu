@@ -167,8 +167,8 @@ __device__ __forceinline__ size_t blockExpertWordIndex(const GroupView& g, int s
 
 // Layout of this block's token range: destination ranks of every token, the block's tokens for
 // each destination in order, validated ids and weights kept for combine and cached re-dispatch;
-// then the block's rows for each rank go to every rank, and its per-expert counts to the block
-// that sums them.
+// then the block's rows for each rank go to every rank, and its rows for each expert to the
+// expert's owner.
 __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, const Routing& r, uint64_t epoch) {
   __shared__ int destCount[kMaxRanks];
   __shared__ int expertCount[kMaxExperts];
