@@ -312,23 +312,43 @@ __device__ bool finishReceiveCounts(const GroupView& g, const Routing& r, uint64
     gridOf[s] = ok ? blockWordBlocks(loadRelaxed(word)) : 0;
   }
   if (__syncthreads_or(!ok)) return false;
-  for (int s = 0; s < g.nRanks; ++s) {
-    int rows = 0;
-    for (int b = threadIdx.x; b < gridOf[s] && ok; b += blockDim.x) {
-      const uint64_t* word = words + blockWordIndex(g, s, b, g.rank);
-      ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
-      rows += blockWordRows(loadRelaxed(word));
-    }
-    if (rows != 0) atomicAdd(&fromRank[s], rows);
-  }
-  // Rows for each of our experts: every block's word for it.
+  // Every block's words for this rank: its rows (column 0) and its rows for each of our experts
+  // (columns 1..), with kWordBatch loads in flight per thread before any wait: the words are
+  // usually all there already, and polling one at a time would cost a round trip each (~5 us of a
+  // 0-token dispatch).
   const uint64_t* experts = blockExpertWordsAt(g, g.rank);
-  for (int s = 0; s < g.nRanks; ++s) {
-    for (int j = threadIdx.x; j < gridOf[s] * g.numLocalExperts && ok; j += blockDim.x) {
-      const uint64_t* word = experts + blockExpertWordIndex(g, s, j / g.numLocalExperts, j % g.numLocalExperts);
-      ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
-      const int rows = countOf(loadRelaxed(word));
-      if (rows != 0) atomicAdd(&perExpert[j % g.numLocalExperts], rows);
+  const int columns = 1 + g.numLocalExperts;
+  int total = 0;
+  for (int s = 0; s < g.nRanks; ++s) total += gridOf[s] * columns;
+  auto wordAt = [&](int j, int* source, int* column) {
+    int s = 0;
+    while (j >= gridOf[s] * columns) j -= gridOf[s++] * columns;
+    *source = s;
+    *column = j % columns;
+    return *column == 0 ? words + blockWordIndex(g, s, j / columns, g.rank)
+                        : experts + blockExpertWordIndex(g, s, j / columns, *column - 1);
+  };
+  constexpr int kWordBatch = 4;
+  for (int j0 = threadIdx.x; j0 < total && ok; j0 += kWordBatch * blockDim.x) {
+    uint64_t value[kWordBatch];
+#pragma unroll
+    for (int u = 0; u < kWordBatch; ++u) {
+      const int j = j0 + u * static_cast<int>(blockDim.x);
+      int source, column;
+      value[u] = j < total ? loadRelaxed(wordAt(j, &source, &column)) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kWordBatch; ++u) {
+      const int j = j0 + u * static_cast<int>(blockDim.x);
+      if (j >= total || !ok) break;
+      int source, column;
+      const uint64_t* word = wordAt(j, &source, &column);
+      if (!countWordIsFrom(value[u], epoch)) {
+        ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+        value[u] = loadRelaxed(word);
+      }
+      const int rows = column == 0 ? blockWordRows(value[u]) : countOf(value[u]);
+      if (ok && rows != 0) atomicAdd(column == 0 ? &fromRank[source] : &perExpert[column - 1], rows);
     }
   }
   if (__syncthreads_or(!ok)) return false;
