@@ -54,7 +54,8 @@ struct WindowLayout {
 // A count word carries the low 32 bits of its dispatch's epoch in its high half and the count in
 // its low half, so one relaxed 64-bit store is both the data and its arrival flag: the start of a
 // dispatch needs no fence. (A word not rewritten for exactly 2^32 calls would pass as current: at
-// one dispatch every 22 us that is ~26 hours of back-to-back calls. Not handled yet.)
+// one dispatch every 22 us that is ~26 hours of back-to-back calls. The dispatch skips epochs
+// whose low half is 0, so at least the never-written words cannot pass.)
 UNIFAB_HOST_DEVICE inline uint64_t countWord(uint64_t epoch, int count) {
   return (epoch << 32) | static_cast<uint32_t>(count);
 }

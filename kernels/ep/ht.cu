@@ -441,7 +441,9 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
     // Both words in one round trip: after an L2 flush each is a miss to HBM.
     const uint64_t last = g.epochs->dispatch;
     const bool out = timedOut(g);
-    epochShared = last + 1;
+    // The count words carry the epoch's low 32 bits: an epoch whose low half is 0 would match a
+    // word never written (the window starts zeroed), so every rank skips it alike.
+    epochShared = static_cast<uint32_t>(last + 1) == 0 ? last + 2 : last + 1;
     timedOutShared = out;
   }
   __syncthreads();
