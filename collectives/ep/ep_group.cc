@@ -74,6 +74,10 @@ namespace {
 
 // The most serious error among the bits in `code`: a timeout leaves the group unusable.
 const char* errorName(int code) {
+  if (code & kep::kErrorCallMismatch) {
+    return "ranks made different dispatches (a cached re-dispatch on some ranks only, or of different routings): "
+           "every rank must make the same EP calls";
+  }
   if (code & kep::kErrorTimeout) {
     return "a peer did not signal within UNIFAB_EP_TIMEOUT_MS (it stopped, or ranks issued different calls)";
   }
@@ -322,7 +326,10 @@ Result unifabEpGroup::combineInputBuffer(void** buffer, int* maxRows) const {
 Result unifabEpGroup::asyncError() const {
   int code = *reinterpret_cast<volatile int*>(hostError_);
   if (code == kep::kErrorNone) return unifabSuccess;
-  return UF_ERROR((code & kep::kErrorTimeout) != 0 ? unifabTimeout : unifabInvalidArgument, kExt,
+  const unifabResult_t result = (code & kep::kErrorCallMismatch) != 0 ? unifabInvalidUsage
+                                : (code & kep::kErrorTimeout) != 0  ? unifabTimeout
+                                                                    : unifabInvalidArgument;
+  return UF_ERROR(result, kExt,
                   "an earlier EP call on rank %d failed on the GPU: %s", comm_->rank(), unifab::collectives::ep::errorName(code));
 }
 
@@ -472,6 +479,9 @@ Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t str
   input.topkIdx = a.topkIdx;
   input.topkIdxIs32 = a.topkIdxType == unifabEpIndexInt32;
   input.topkWeights = a.topkWeights;
+  // The routing's own dispatch, as every rank numbers it (they make the same calls): a cached
+  // re-dispatch tells its peers which routing it reuses. 23 bits, never 0.
+  input.routingTag = cached ? static_cast<int>(handle->routingSequence % ((1u << kep::kBlockWordRowBits) - 1)) + 1 : 0;
 
   const int blocks = smsFor(a.numSms);
   UF_CUDA_CHECK(kep::launchDispatch(view_, input, r, cached, blocks,
@@ -502,6 +512,7 @@ Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t str
   handle->layout = a.layout;
   handle->expertAlignment = r.expertAlignment;
   handle->dispatchSequence = ++dispatchCount_;
+  if (!cached) handle->routingSequence = handle->dispatchSequence;
   if (a.hostCounts != 0) {
     UF_CUDA_CHECK(cudaMemcpyAsync(hostCounts_, out->numRecvRows, sizeof(int), cudaMemcpyDeviceToHost, stream));
     UF_CUDA_CHECK(cudaMemcpyAsync(hostCounts_ + 1, r.recvRowsPerExpert, sizeof(int) * view_.numLocalExperts,

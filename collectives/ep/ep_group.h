@@ -63,6 +63,7 @@ struct unifabEpHandle {
   unifabEpLayout_t layout = unifabEpRankMajor;
   int expertAlignment = 1;
   uint64_t dispatchSequence = 0;  // the group's dispatch that last used this routing; 0: none yet
+  uint64_t routingSequence = 0;   // the group's dispatch that computed this routing
   // Low-latency mode: the buffer set of the dispatch and how far its phases got.
   bool lowLatency = false;
   int set = 0;

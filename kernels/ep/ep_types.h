@@ -145,6 +145,8 @@ enum ErrorCode : int {
   kErrorNone = 0,
   kErrorTimeout = 1 << 0,      // a peer did not signal within the timeout
   kErrorBadExpertId = 1 << 1,  // a top-k id outside -1..numExperts-1 (treated as -1)
+  kErrorCallMismatch = 1 << 2, // ranks made different dispatches (cached on some only, or of other
+                               // routings); raised with kErrorTimeout, which ends the group
 };
 
 // Routing of one dispatch, kept by its handle for combine and cached re-dispatch (device memory).

@@ -66,7 +66,6 @@ __device__ __forceinline__ int64_t loadExpert(const void* topkIdx, bool is32, si
               : static_cast<int64_t>(__ldg(static_cast<const long long*>(topkIdx) + index));
 }
 
-
 // ---- grid hand-over and peer handshakes ---------------------------------------------------
 
 template <bool kPause, typename Ready>
@@ -253,12 +252,22 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
   }
 }
 
+// True if rank s's first word of this call is the same kind of call as ours; raises the mismatch
+// (which ends the group, as a timeout does) if not.
+__device__ bool sameCall(const GroupView& g, uint64_t word, bool cached, int routingTag) {
+  const bool peerCached = blockWordBlocks(word) == 0;
+  if (peerCached == cached && (!cached || blockWordRows(word) == routingTag)) return true;
+  raiseError(g.error, g.hostError, kErrorCallMismatch | kErrorTimeout);
+  return false;
+}
+
 // Waits for the count words a block needs before its rows: for each destination d of its role,
 // every block's word of every rank s <= this rank (the lower ranks' rows come first at d, and this
 // rank's blocks' counts give each block's first row), and the first word of every peer it writes
 // into (the start handshake). A cached dispatch needs the start handshake of its remote
 // destinations only. gridOf[s] receives rank s's block count. The same answer in every thread.
-__device__ bool waitBlockWords(const GroupView& g, uint64_t epoch, bool cached, const Role& role, int* gridOf) {
+__device__ bool waitBlockWords(const GroupView& g, uint64_t epoch, bool cached, int routingTag, const Role& role,
+                               int* gridOf) {
   const uint64_t* words = blockWordsAt(g, g.rank);
   bool ok = true;
   for (int s = threadIdx.x; s < g.nRanks; s += blockDim.x) {
@@ -267,7 +276,11 @@ __device__ bool waitBlockWords(const GroupView& g, uint64_t epoch, bool cached, 
     if (!needed) continue;
     const uint64_t* word = words + blockWordIndex(g, s, 0, g.rank);
     ok = ok && waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
-    if (ok) gridOf[s] = blockWordBlocks(loadRelaxed(word));
+    if (ok) {
+      const uint64_t first = loadRelaxed(word);
+      ok = sameCall(g, first, cached, routingTag);
+      gridOf[s] = blockWordBlocks(first);
+    }
   }
   if (__syncthreads_or(!ok)) return false;
   if (!cached) {
@@ -286,10 +299,11 @@ __device__ bool waitBlockWords(const GroupView& g, uint64_t epoch, bool cached, 
 }
 
 // Block 0 of a cached dispatch: the layout is the routing's, so its words are only the start
-// handshake.
-__device__ void publishStart(const GroupView& g, uint64_t epoch) {
+// handshake. They carry no block count (an uncached dispatch's words carry at least 1) and the
+// routing's tag in place of rows, so that a peer making another call than ours sees it.
+__device__ void publishStart(const GroupView& g, uint64_t epoch, int routingTag) {
   for (int d = threadIdx.x; d < g.nRanks; d += blockDim.x) {
-    storeRelaxed(blockWordsAt(g, d) + blockWordIndex(g, g.rank, 0, d), blockWord(epoch, 0, 1));
+    storeRelaxed(blockWordsAt(g, d) + blockWordIndex(g, g.rank, 0, d), blockWord(epoch, routingTag, 0));
   }
 }
 
@@ -309,6 +323,7 @@ __device__ bool finishReceiveCounts(const GroupView& g, const Routing& r, uint64
   for (int s = threadIdx.x; s < g.nRanks && ok; s += blockDim.x) {
     const uint64_t* word = words + blockWordIndex(g, s, 0, g.rank);
     ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+    ok = ok && sameCall(g, loadRelaxed(word), false, 0);
     gridOf[s] = ok ? blockWordBlocks(loadRelaxed(word)) : 0;
   }
   if (__syncthreads_or(!ok)) return false;
@@ -450,12 +465,12 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   const uint64_t epoch = epochShared;
   if (timedOutShared) return;
   if (!cached) layoutBlock(g, input, r, epoch);
-  if (cached && blockIdx.x == 0) publishStart(g, epoch);
+  if (cached && blockIdx.x == 0) publishStart(g, epoch, input.routingTag);
   tracePoint(g, kTraceDispatchLayout, epoch);
   const Role role = blockRole(remoteBlocks);
   __shared__ int gridOf[kMaxRanks];
   // A cached dispatch's local rows need nothing from the peers; everything else does.
-  if ((!cached || role.remote) && !waitBlockWords(g, epoch, cached, role, gridOf)) {
+  if ((!cached || role.remote) && !waitBlockWords(g, epoch, cached, input.routingTag, role, gridOf)) {
     return;  // never reached the peers' buffers: they time out as well
   }
   tracePoint(g, kTraceDispatchCountsIn, epoch);
@@ -603,7 +618,6 @@ __global__ void __launch_bounds__(kCopyThreads) expandKernel(GroupView g, Routin
 }
 
 // ---- combine --------------------------------------------------------------------------------
-
 
 // Vector v (8 BF16 values) of this rank's partial sum for received row j in the expert-major
 // layout: the sum of the row's expert outputs in top-k order, weighted or not, in FP32 and rounded

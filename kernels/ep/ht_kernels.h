@@ -25,6 +25,7 @@ struct DispatchInput {
   const void* topkIdx;      // [numTokens][topk]
   bool topkIdxIs32;
   const float* topkWeights; // [numTokens][topk] or null (weights 1)
+  int routingTag;           // cached re-dispatch: names the routing (the same on every rank); 0 otherwise
 };
 
 // Expert-major copy of the received rows (device memory of the group, not the window).

@@ -409,6 +409,45 @@ bool runUnsyncedSequence(NcclSession& session, unifabEpGroup_t group, const Shap
   return true;
 }
 
+// Ranks that make different dispatches: rank 0 re-dispatches a routing (cached) while the others
+// dispatch anew. Every rank must report it (unifabInvalidUsage) instead of writing rows at offsets
+// its peers did not plan for. The group is unusable afterwards, as after a timeout.
+bool runCallMismatch(NcclSession& session, const Shape& shape) {
+  unifabEpConfig_t config = groupConfig(shape);
+  unifabEpGroup_t group = nullptr;
+  TEST_UNIFAB_CHECK(unifabEpCreate(session.comm(), &config, &group));
+  DeviceInput input;
+  if (!input.allocate(shape)) return false;
+  const RankInput mine = makeInput(shape, session.rank(), 4242, false, 10);
+  if (!input.upload(mine, false, session.stream())) return false;
+  unifabEpDispatchArgs_t args = UNIFAB_EP_DISPATCH_ARGS_INIT;
+  args.numTokens = mine.numTokens;
+  args.x = input.x;
+  args.topkIdx = input.topk;
+  args.topkWeights = input.weights;
+  unifabEpHandle_t handle = nullptr;
+  unifabEpDispatchResult_t result;
+  result.size = sizeof(result);
+  TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &handle, &result));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+  TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
+  unifabEpHandle_t second = nullptr;
+  if (session.rank() == 0) {
+    args.cachedHandle = handle;
+    args.topkIdx = nullptr;
+  }
+  TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &second, &result));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+  const unifabResult_t reported = unifabEpGetAsyncError(group);
+  check(reported == unifabInvalidUsage, "a cached re-dispatch on rank 0 only is reported on rank " +
+                                            std::to_string(session.rank()) + " as invalid usage (got " +
+                                            std::to_string(static_cast<int>(reported)) + ")");
+  if (second != handle) TEST_UNIFAB_CHECK(unifabEpHandleDestroy(second));
+  TEST_UNIFAB_CHECK(unifabEpHandleDestroy(handle));
+  TEST_UNIFAB_CHECK(unifabEpDestroy(group));
+  return true;
+}
+
 bool runShape(NcclSession& session, Shape shape, int iterations, int replays) {
   unifabEpConfig_t config = groupConfig(shape);
   unifabEpGroup_t group = nullptr;
@@ -508,6 +547,13 @@ int main(int argc, char** argv) {
       printf("rank %d: aborted in shape E%d H%d top-%d\n", env.rank, spec.experts, spec.hidden, spec.topk);
       return 1;
     }
+  }
+  // Last: it leaves its group unusable (and compute-sanitizer runs are kept to matched calls).
+  if (session.nRanks() > 1 && !quick &&
+      !runCallMismatch(session, makeShape(session.nRanks(), shapes[0].experts, shapes[0].hidden, shapes[0].topk,
+                                          shapes[0].tokens))) {
+    printf("rank %d: aborted in the call-mismatch check\n", env.rank);
+    return 1;
   }
   return finishChecks();
 }
