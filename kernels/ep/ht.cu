@@ -148,6 +148,11 @@ constexpr int kLayoutEntries = 8192;
 // 1024 threads is 1366 entries a block: two per thread).
 constexpr int kLayoutLoads = 2;
 
+// Until the tagged count word at `word` is of call `epoch` (bounded).
+__device__ __forceinline__ bool waitTagged(const GroupView& g, const uint64_t* word, uint64_t epoch) {
+  return waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+}
+
 // Count words of layout blocks: (s, b, d) = rows that block b of rank s sends to rank d, in every
 // rank's window.
 __device__ __forceinline__ uint64_t* blockWordsAt(const GroupView& g, int rank) {
@@ -275,7 +280,7 @@ __device__ bool waitBlockWords(const GroupView& g, uint64_t epoch, bool cached, 
     const bool needed = s == g.rank ? !cached : (s < g.rank && !cached) || role.remote;
     if (!needed) continue;
     const uint64_t* word = words + blockWordIndex(g, s, 0, g.rank);
-    ok = ok && waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+    ok = ok && waitTagged(g, word, epoch);
     if (ok) {
       const uint64_t first = loadRelaxed(word);
       ok = sameCall(g, first, cached, routingTag);
@@ -290,7 +295,7 @@ __device__ bool waitBlockWords(const GroupView& g, uint64_t epoch, bool cached, 
         const int b = j / g.nRanks, d = j % g.nRanks;
         if (!(d == g.rank ? role.local : role.remote)) continue;
         const uint64_t* word = words + blockWordIndex(g, s, b, d);
-        ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+        ok = waitTagged(g, word, epoch);
       }
     }
   }
@@ -322,7 +327,7 @@ __device__ bool finishReceiveCounts(const GroupView& g, const Routing& r, uint64
   const uint64_t* words = blockWordsAt(g, g.rank);
   for (int s = threadIdx.x; s < g.nRanks && ok; s += blockDim.x) {
     const uint64_t* word = words + blockWordIndex(g, s, 0, g.rank);
-    ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+    ok = waitTagged(g, word, epoch);
     ok = ok && sameCall(g, loadRelaxed(word), false, 0);
     gridOf[s] = ok ? blockWordBlocks(loadRelaxed(word)) : 0;
   }
@@ -359,7 +364,7 @@ __device__ bool finishReceiveCounts(const GroupView& g, const Routing& r, uint64
       int source, column;
       const uint64_t* word = wordAt(j, &source, &column);
       if (!countWordIsFrom(value[u], epoch)) {
-        ok = waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+        ok = waitTagged(g, word, epoch);
         value[u] = loadRelaxed(word);
       }
       const int rows = column == 0 ? blockWordRows(value[u]) : countOf(value[u]);
