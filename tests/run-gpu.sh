@@ -213,8 +213,8 @@ for step in $steps; do
     ;;
   trace)
     say "== UNIFAB_EP_TRACE=1: phase ends per op alone (means over every call, warm-up included)"
-    for dtype in bf16 fp8; do
-      for ops in empty cached dispatch combine; do
+    for dtype in ${UNIFAB_TRACE_DTYPES:-bf16 fp8}; do
+      for ops in ${UNIFAB_TRACE_OPS:-empty cached dispatch combine}; do
         UNIFAB_EP_TRACE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "$bench" ep --mode ht --dtype $dtype --ops $ops \
           --iters 30 --warmup 5 >"$logs/ep-trace-$dtype-$ops.txt" 2>&1 || failed=1
         grep -E "^  (dispatch|combine)" "$logs/ep-trace-$dtype-$ops.txt" | sed "s/^/$dtype $ops: /" | tee -a "$summary"

@@ -100,7 +100,11 @@ struct GridSync {
 // call (kTraceCalls slots by epoch), the latest recording of each point: the block that ends a
 // phase last decides the call's time, and a mean over blocks and over warm-up calls hides it.
 enum TracePoint : int {
-  kTraceDispatchLayout = 0,   // each block: its layout done and its count words sent
+  kTraceDispatchEntered = 0,  // each block: the epoch read (block start skew plus one round trip)
+  kTraceDispatchIdsLoaded,    // each layout block: its first pass's top-k entries loaded and checked
+  kTraceDispatchMasked,       // each layout block: its first pass's tokens' destination masks known (thread 0)
+  kTraceDispatchListed,       // each layout block: its token lists written, before the fence and its words
+  kTraceDispatchLayout,       // each block: its layout done and its count words sent
   kTraceDispatchCountsIn,     // each block that waits: the count words it needs are in (start handshake)
   kTraceDispatchReceiveCounts,// last block: receive counts and expert regions done (before its rows)
   kTraceDispatchRemoteDone,   // each remote block: its rows written

@@ -104,12 +104,20 @@ __device__ __forceinline__ void traceStart(const GroupView& g) {
   }
 }
 
-// Thread 0 of the calling block records `point` (a block that never waited on block 0 may read
-// the previous call's start: tracing is a diagnostic, not a measurement of record).
-__device__ __forceinline__ void tracePoint(const GroupView& g, TracePoint point, uint64_t epoch) {
+// The time of a trace point to record later (tracePoint's `at`): reading the call's start costs a
+// round trip, which a phase of a few microseconds should not carry. 0 when not tracing.
+__device__ __forceinline__ uint64_t traceStamp(const GroupView& g) {
+  return g.trace != nullptr && threadIdx.x == 0 ? globalTimerNs() : 0;
+}
+
+// Thread 0 of the calling block records `point`, reached now or at stamp `at` (a block that never
+// waited on block 0 may read the previous call's start: tracing is a diagnostic, not a
+// measurement of record).
+__device__ __forceinline__ void tracePoint(const GroupView& g, TracePoint point, uint64_t epoch, uint64_t at = 0) {
   if (g.trace == nullptr || threadIdx.x != 0) return;
+  const uint64_t now = at != 0 ? at : globalTimerNs();
   const uint64_t start = *reinterpret_cast<const volatile uint64_t*>(&g.sync->traceStart);
-  const unsigned long long since = globalTimerNs() - start;
+  const unsigned long long since = now - start;
   atomicAdd(g.trace + point, since);
   atomicAdd(g.trace + kTracePoints + point, 1ULL);
   atomicMax(g.trace + 2 * kTracePoints + (epoch % kTraceCalls) * kTracePoints + point, since);
@@ -148,9 +156,10 @@ constexpr int kLayoutEntries = 8192;
 // 1024 threads is 1366 entries a block: two per thread).
 constexpr int kLayoutLoads = 2;
 
-// Until the tagged count word at `word` is of call `epoch` (bounded).
-__device__ __forceinline__ bool waitTagged(const GroupView& g, const uint64_t* word, uint64_t epoch) {
-  return waitUntil<false>(g, [&] { return countWordIsFrom(loadRelaxed(word), epoch); });
+// Until the tagged count word at `word` is of call `epoch` (bounded); *seen gets the word, so that
+// reading it costs no second round trip.
+__device__ __forceinline__ bool waitTagged(const GroupView& g, const uint64_t* word, uint64_t epoch, uint64_t* seen) {
+  return waitUntil<false>(g, [&] { return countWordIsFrom(*seen = loadRelaxed(word), epoch); });
 }
 
 // Count words of layout blocks: (s, b, d) = rows that block b of rank s sends to rank d, in every
@@ -177,6 +186,7 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
   __shared__ int destCount[kMaxRanks];
   __shared__ int expertCount[kMaxExperts];
   __shared__ int ids[kLayoutEntries];
+  uint64_t loadedAt = 0, maskedAt = 0;  // trace stamps of the first pass
   for (int i = threadIdx.x; i < g.nRanks; i += blockDim.x) destCount[i] = 0;
   for (int i = threadIdx.x; i < g.numExperts; i += blockDim.x) expertCount[i] = 0;
   const int per = tokensPerBlock(input.numTokens);
@@ -214,6 +224,7 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
       }
     }
     __syncthreads();
+    if (base == first) loadedAt = traceStamp(g);
     const int local = static_cast<int>(threadIdx.x);
     const int t = base + local;
     uint64_t mask = 0;
@@ -230,6 +241,7 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
       }
       r.tokenRanks[t] = mask;
     }
+    if (base == first) maskedAt = traceStamp(g);
     for (int d = 0; d < g.nRanks; ++d) {
       const int bit = static_cast<int>((mask >> d) & 1ULL);
       int total = 0;
@@ -241,6 +253,7 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
     }
   }
   __syncthreads();
+  const uint64_t listedAt = traceStamp(g);
   // The block's rows for every rank, into every rank's window: each rank places its rows after
   // those of the lower ranks, and a rank's words of a call are also its start handshake (its
   // receive buffers are free). The fence publishes the block's token lists with them to the
@@ -255,6 +268,9 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
     storeRelaxed(blockExpertWordsAt(g, owner) + blockExpertWordIndex(g, g.rank, blockIdx.x, e % g.numLocalExperts),
                  countWord(epoch, expertCount[e]));
   }
+  if (loadedAt != 0) tracePoint(g, kTraceDispatchIdsLoaded, epoch, loadedAt);
+  if (maskedAt != 0) tracePoint(g, kTraceDispatchMasked, epoch, maskedAt);
+  tracePoint(g, kTraceDispatchListed, epoch, listedAt);
 }
 
 // True if rank s's first word of this call is the same kind of call as ours; raises the mismatch
@@ -279,13 +295,10 @@ __device__ bool waitBlockWords(const GroupView& g, uint64_t epoch, bool cached, 
     gridOf[s] = 0;
     const bool needed = s == g.rank ? !cached : (s < g.rank && !cached) || role.remote;
     if (!needed) continue;
-    const uint64_t* word = words + blockWordIndex(g, s, 0, g.rank);
-    ok = ok && waitTagged(g, word, epoch);
-    if (ok) {
-      const uint64_t first = loadRelaxed(word);
-      ok = sameCall(g, first, cached, routingTag);
-      gridOf[s] = blockWordBlocks(first);
-    }
+    uint64_t first = 0;
+    ok = ok && waitTagged(g, words + blockWordIndex(g, s, 0, g.rank), epoch, &first) &&
+         sameCall(g, first, cached, routingTag);
+    if (ok) gridOf[s] = blockWordBlocks(first);
   }
   if (__syncthreads_or(!ok)) return false;
   if (!cached) {
@@ -294,8 +307,8 @@ __device__ bool waitBlockWords(const GroupView& g, uint64_t epoch, bool cached, 
       for (int j = threadIdx.x; j < columns && ok; j += blockDim.x) {
         const int b = j / g.nRanks, d = j % g.nRanks;
         if (!(d == g.rank ? role.local : role.remote)) continue;
-        const uint64_t* word = words + blockWordIndex(g, s, b, d);
-        ok = waitTagged(g, word, epoch);
+        uint64_t seen;
+        ok = waitTagged(g, words + blockWordIndex(g, s, b, d), epoch, &seen);
       }
     }
   }
@@ -326,50 +339,46 @@ __device__ bool finishReceiveCounts(const GroupView& g, const Routing& r, uint64
   // Rows from each rank: every block's word for this rank.
   const uint64_t* words = blockWordsAt(g, g.rank);
   for (int s = threadIdx.x; s < g.nRanks && ok; s += blockDim.x) {
-    const uint64_t* word = words + blockWordIndex(g, s, 0, g.rank);
-    ok = waitTagged(g, word, epoch);
-    ok = ok && sameCall(g, loadRelaxed(word), false, 0);
-    gridOf[s] = ok ? blockWordBlocks(loadRelaxed(word)) : 0;
+    uint64_t first = 0;
+    ok = waitTagged(g, words + blockWordIndex(g, s, 0, g.rank), epoch, &first) && sameCall(g, first, false, 0);
+    gridOf[s] = ok ? blockWordBlocks(first) : 0;
   }
   if (__syncthreads_or(!ok)) return false;
-  // Every block's words for this rank: its rows (column 0) and its rows for each of our experts
-  // (columns 1..), with kWordBatch loads in flight per thread before any wait: the words are
-  // usually all there already, and polling one at a time would cost a round trip each (~5 us of a
-  // 0-token dispatch).
+  // Every block's words for this rank, per source rank s: its rows (entries 0..G-1 for G blocks),
+  // then its rows for each of our experts (entries G.., block-major: the words are one run), with
+  // kWordBatch loads in flight per thread before any wait: the words are usually all there, and
+  // polling one at a time costs a round trip each.
   const uint64_t* experts = blockExpertWordsAt(g, g.rank);
-  const int columns = 1 + g.numLocalExperts;
-  int total = 0;
-  for (int s = 0; s < g.nRanks; ++s) total += gridOf[s] * columns;
-  auto wordAt = [&](int j, int* source, int* column) {
-    int s = 0;
-    while (j >= gridOf[s] * columns) j -= gridOf[s++] * columns;
-    *source = s;
-    *column = j % columns;
-    return *column == 0 ? words + blockWordIndex(g, s, j / columns, g.rank)
-                        : experts + blockExpertWordIndex(g, s, j / columns, *column - 1);
-  };
   constexpr int kWordBatch = 4;
-  for (int j0 = threadIdx.x; j0 < total && ok; j0 += kWordBatch * blockDim.x) {
-    uint64_t value[kWordBatch];
+  for (int s = 0; s < g.nRanks && ok; ++s) {
+    const int blocks = gridOf[s];
+    const uint64_t* expertRun = experts + blockExpertWordIndex(g, s, 0, 0);
+    auto wordAt = [&](int j) {
+      return j < blocks ? words + blockWordIndex(g, s, j, g.rank) : expertRun + (j - blocks);
+    };
+    const int n = blocks * (1 + g.numLocalExperts);
+    int rows = 0;
+    for (int j0 = threadIdx.x; j0 < n && ok; j0 += kWordBatch * blockDim.x) {
+      uint64_t seen[kWordBatch];
 #pragma unroll
-    for (int u = 0; u < kWordBatch; ++u) {
-      const int j = j0 + u * static_cast<int>(blockDim.x);
-      int source, column;
-      value[u] = j < total ? loadRelaxed(wordAt(j, &source, &column)) : 0;
-    }
-#pragma unroll
-    for (int u = 0; u < kWordBatch; ++u) {
-      const int j = j0 + u * static_cast<int>(blockDim.x);
-      if (j >= total || !ok) break;
-      int source, column;
-      const uint64_t* word = wordAt(j, &source, &column);
-      if (!countWordIsFrom(value[u], epoch)) {
-        ok = waitTagged(g, word, epoch);
-        value[u] = loadRelaxed(word);
+      for (int u = 0; u < kWordBatch; ++u) {
+        const int j = j0 + u * static_cast<int>(blockDim.x);
+        seen[u] = j < n ? loadRelaxed(wordAt(j)) : 0;
       }
-      const int rows = column == 0 ? blockWordRows(value[u]) : countOf(value[u]);
-      if (ok && rows != 0) atomicAdd(column == 0 ? &fromRank[source] : &perExpert[column - 1], rows);
+#pragma unroll
+      for (int u = 0; u < kWordBatch; ++u) {
+        const int j = j0 + u * static_cast<int>(blockDim.x);
+        if (j >= n || !ok) break;
+        if (!countWordIsFrom(seen[u], epoch)) ok = waitTagged(g, wordAt(j), epoch, &seen[u]);
+        if (!ok) break;
+        if (j < blocks) {
+          rows += blockWordRows(seen[u]);
+        } else if (countOf(seen[u]) != 0) {
+          atomicAdd(&perExpert[(j - blocks) % g.numLocalExperts], countOf(seen[u]));
+        }
+      }
     }
+    if (rows != 0) atomicAdd(&fromRank[s], rows);
   }
   if (__syncthreads_or(!ok)) return false;
   const int received = threadIdx.x < g.nRanks ? fromRank[threadIdx.x] : 0;
@@ -469,7 +478,9 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   __syncthreads();
   const uint64_t epoch = epochShared;
   if (timedOutShared) return;
+  const uint64_t enteredAt = traceStamp(g);
   if (!cached) layoutBlock(g, input, r, epoch);
+  tracePoint(g, kTraceDispatchEntered, epoch, enteredAt);
   if (cached && blockIdx.x == 0) publishStart(g, epoch, input.routingTag);
   tracePoint(g, kTraceDispatchLayout, epoch);
   const Role role = blockRole(remoteBlocks);
