@@ -34,6 +34,12 @@ __device__ __forceinline__ uint64_t loadAcquire(const uint64_t* address) {
   return value;
 }
 
+// Adds `value` to a 64-bit counter, ordered after this thread's earlier accesses (system scope:
+// the counter may be a peer GPU's).
+__device__ __forceinline__ void addRelease(uint64_t* address, uint64_t value) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
+}
+
 // Adds the error bit `code` to the group's word in device memory and, the first time, to its
 // host-visible mirror (so the host-mapped word is written once per kind, not per thread).
 __device__ __forceinline__ void raiseError(int* error, int* hostError, int code) {

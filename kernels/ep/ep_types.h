@@ -23,7 +23,8 @@ constexpr int kMaxBlocks = 256;      // blocks of one EP kernel (at most one per
 // Per-rank control words in the window. Every word is written by one peer and read by its owner;
 // values are epochs (call counts), so they only grow and never need resetting.
 struct Control {
-  uint64_t dispatchDone[kMaxRanks];    // source s finished writing dispatch #epoch into us
+  uint64_t dispatchRowsIn[kMaxRanks];  // rows of the current dispatch that source s's blocks finished writing
+                                      // into us (each adds its own after a system fence); 0 between calls
   uint64_t combineDone[kMaxRanks];     // rank s ended combine #epoch (its partial buffers are free)
   uint64_t combineReady[kMaxRanks];    // rank s's combine input holds combine #epoch's rows
   uint64_t combineRead[kMaxRanks];     // rank s finished reading our combine input for combine #epoch
@@ -50,6 +51,18 @@ struct WindowLayout {
   int recvCapacity;      // nRanks * maxTokensPerRank
   int rowBytes;          // hidden * 2: the largest payload row (BF16)
 };
+
+
+// Owner rank of global expert `id` for `localExperts` experts per rank, without a division (the
+// layout makes one per top-k entry, and a division is ~20 dependent instructions): `magic` is
+// expertOwnerMagic(localExperts). Exact while id * localExperts < 2^32, which kMaxExperts keeps.
+UNIFAB_HOST_DEVICE inline uint32_t expertOwnerMagic(int localExperts) {
+  return localExperts <= 1 ? 0u : 0xFFFFFFFFu / static_cast<uint32_t>(localExperts) + 1u;
+}
+UNIFAB_HOST_DEVICE inline int expertOwner(int id, int localExperts, uint32_t magic) {
+  return localExperts <= 1 ? id : static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(id)) * magic) >> 32);
+}
+static_assert(static_cast<uint64_t>(kMaxExperts) * kMaxExperts < (1ULL << 32), "expertOwner's bound");
 
 // A count word carries the low 32 bits of its dispatch's epoch in its high half and the count in
 // its low half, so one relaxed 64-bit store is both the data and its arrival flag: the start of a

@@ -81,19 +81,6 @@ __device__ __forceinline__ bool waitGo(const GroupView& g, const uint64_t* word,
   return true;
 }
 
-// Thread d < nRanks of the calling block: tells rank d that this rank reached `flags` #epoch and
-// waits until rank d has told us the same. The fence makes every write this thread has observed
-// (its block's, after a __syncthreads, and other blocks' behind an acquired counter) visible to
-// the peer before the flag.
-__device__ __forceinline__ void peerHandshake(const GroupView& g, size_t flagsOffset, uint64_t epoch) {
-  const int d = threadIdx.x;
-  if (d >= g.nRanks) return;
-  __threadfence_system();
-  storeRelease(reinterpret_cast<uint64_t*>(at(g, d, g.layout.control + flagsOffset)) + g.rank, epoch);
-  const uint64_t* mine = reinterpret_cast<const uint64_t*>(at(g, g.rank, g.layout.control + flagsOffset)) + d;
-  waitEpoch(mine, epoch, g.timeoutNs, g.error, g.hostError, kErrorTimeout);
-}
-
 __device__ __forceinline__ bool lastBlockToFinish(const GroupView& g) { return kernels::lastBlockToFinish(&g.sync->finished); }
 
 // ---- tracing (UNIFAB_EP_TRACE) ---------------------------------------------------------------
@@ -104,23 +91,27 @@ __device__ __forceinline__ void traceStart(const GroupView& g) {
   }
 }
 
-// The time of a trace point to record later (tracePoint's `at`): reading the call's start costs a
-// round trip, which a phase of a few microseconds should not carry. 0 when not tracing.
-__device__ __forceinline__ uint64_t traceStamp(const GroupView& g) {
-  return g.trace != nullptr && threadIdx.x == 0 ? globalTimerNs() : 0;
+// Thread 0 keeps the time of a trace point in `slot` (shared memory: no registers held), to record
+// later with others: recording reads the call's start, a round trip that a phase of a few
+// microseconds should not carry each time.
+__device__ __forceinline__ void traceStamp(const GroupView& g, uint64_t* slot) {
+  if (g.trace != nullptr && threadIdx.x == 0) *slot = globalTimerNs();
 }
 
-// Thread 0 of the calling block records `point`, reached now or at stamp `at` (a block that never
-// waited on block 0 may read the previous call's start: tracing is a diagnostic, not a
-// measurement of record).
-__device__ __forceinline__ void tracePoint(const GroupView& g, TracePoint point, uint64_t epoch, uint64_t at = 0) {
-  if (g.trace == nullptr || threadIdx.x != 0) return;
-  const uint64_t now = at != 0 ? at : globalTimerNs();
-  const uint64_t start = *reinterpret_cast<const volatile uint64_t*>(&g.sync->traceStart);
-  const unsigned long long since = now - start;
+// Thread 0 of the calling block records `point`, `since` nanoseconds after the call's start (a
+// block that never waited on block 0 may read the previous call's start: tracing is a diagnostic,
+// not a measurement of record).
+__device__ __forceinline__ void traceRecord(const GroupView& g, TracePoint point, uint64_t epoch, unsigned long long since) {
   atomicAdd(g.trace + point, since);
   atomicAdd(g.trace + kTracePoints + point, 1ULL);
   atomicMax(g.trace + 2 * kTracePoints + (epoch % kTraceCalls) * kTracePoints + point, since);
+}
+
+// Thread 0 of the calling block records `point`, reached now.
+__device__ __forceinline__ void tracePoint(const GroupView& g, TracePoint point, uint64_t epoch) {
+  if (g.trace == nullptr || threadIdx.x != 0) return;
+  const uint64_t start = *reinterpret_cast<const volatile uint64_t*>(&g.sync->traceStart);
+  traceRecord(g, point, epoch, globalTimerNs() - start);
 }
 
 // Which part of the payload a block writes: rows for other ranks cross NVLink, rows for this rank
@@ -149,12 +140,17 @@ __device__ __forceinline__ int tokensPerBlock(int numTokens) {
   return per > 0 ? per : 1;
 }
 
-// Top-k entries staged in shared memory per pass of the layout: the entries are loaded and
-// checked by consecutive threads (coalesced), then each token's thread reads its own from here.
+// Top-k entries staged in shared memory per pass of the layout: loaded and checked by
+// consecutive threads (coalesced: ~2 us, against ~3.5 us for a thread reading its token's entries
+// from global memory), then each token's thread takes its own into registers.
 constexpr int kLayoutEntries = 8192;
 // Top-k entries per thread whose loads are in flight at once (4096 tokens x top-8 on 24 blocks of
 // 1024 threads is 1366 entries a block: two per thread).
 constexpr int kLayoutLoads = 2;
+// Top-k entries of its token a layout thread holds in registers at once: the whole token for
+// top-k <= 8, so that its destinations and experts come from independent steps (one dependent
+// shared-memory read after another, they cost ~3 us of the layout).
+constexpr int kLayoutChunk = 8;
 
 // Until the tagged count word at `word` is of call `epoch` (bounded); *seen gets the word, so that
 // reading it costs no second round trip.
@@ -182,21 +178,46 @@ __device__ __forceinline__ size_t blockExpertWordIndex(const GroupView& g, int s
 // each destination in order, validated ids and weights kept for combine and cached re-dispatch;
 // then the block's rows for each rank go to every rank, and its rows for each expert to the
 // expert's owner.
-__device__ void layoutBlock(const GroupView& g, const DispatchInput& input, const Routing& r, uint64_t epoch) {
+// Trace stamps of a dispatch block's start and its layout's first pass (traceStamp), recorded
+// with the layout's end after one read of the call's start.
+struct DispatchStamps {
+  uint64_t entered, loaded, masked, listed;
+};
+
+__device__ __forceinline__ void recordStamps(const GroupView& g, uint64_t epoch, const DispatchStamps& stamps) {
+  if (g.trace == nullptr || threadIdx.x != 0) return;
+  const uint64_t start = *reinterpret_cast<const volatile uint64_t*>(&g.sync->traceStart);  // one round trip for all
+  const uint64_t now = globalTimerNs();
+  const TracePoint points[] = {kTraceDispatchEntered, kTraceDispatchIdsLoaded, kTraceDispatchMasked,
+                               kTraceDispatchListed, kTraceDispatchLayout};
+  const uint64_t at[] = {stamps.entered, stamps.loaded, stamps.masked, stamps.listed, now};
+#pragma unroll
+  for (int i = 0; i < 5; ++i) {
+    if (at[i] != 0) traceRecord(g, points[i], epoch, at[i] - start);
+  }
+}
+
+__device__ void layoutBlock(const GroupView& g, const DispatchInput& input, const Routing& r, uint64_t epoch,
+                            DispatchStamps& stamps) {
   __shared__ int destCount[kMaxRanks];
   __shared__ int expertCount[kMaxExperts];
   __shared__ int ids[kLayoutEntries];
-  uint64_t loadedAt = 0, maskedAt = 0;  // trace stamps of the first pass
   for (int i = threadIdx.x; i < g.nRanks; i += blockDim.x) destCount[i] = 0;
   for (int i = threadIdx.x; i < g.numExperts; i += blockDim.x) expertCount[i] = 0;
+  const uint32_t ownerMagic = expertOwnerMagic(g.numLocalExperts);
   const int per = tokensPerBlock(input.numTokens);
   const int first = blockIdx.x * per;
   const int last = min(input.numTokens, first + per);
+  int* lists = g.blockTokens + static_cast<size_t>(blockIdx.x) * per;
+  // Per pass: the entries, loaded and checked by consecutive threads; then a thread per token finds
+  // its destinations and experts; then one block scan per two destinations gives the token's
+  // place in each destination's list.
   const int passTokens = min(kCopyThreads, kLayoutEntries / g.topk);
   for (int base = first; base < last; base += passTokens) {
     const int tokens = min(passTokens, last - base);
     const size_t firstEntry = static_cast<size_t>(base) * g.topk;
-    __syncthreads();  // ids[] of the previous pass is consumed
+    // The counters' zeroing, or the previous pass's ids[] reads and destCount updates, are done.
+    __syncthreads();
     // Every load of a thread's entries is issued before any store: the stores to the routing
     // could alias the inputs as far as the compiler knows, and would serialise the round trips.
     const int entries = tokens * g.topk;
@@ -224,43 +245,58 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
       }
     }
     __syncthreads();
-    if (base == first) loadedAt = traceStamp(g);
+    if (base == first) traceStamp(g, &stamps.loaded);
     const int local = static_cast<int>(threadIdx.x);
     const int t = base + local;
     uint64_t mask = 0;
     if (local < tokens) {
       const int* mine = ids + local * g.topk;
-      for (int k = 0; k < g.topk; ++k) {
-        const int id = mine[k];
-        if (id < 0) continue;
-        mask |= 1ULL << (id / g.numLocalExperts);
-        // An expert named twice by one token receives it once.
-        bool repeated = false;
-        for (int q = 0; q < k && !repeated; ++q) repeated = mine[q] == id;
-        if (!repeated) atomicAdd(&expertCount[id], 1);
+      for (int k0 = 0; k0 < g.topk; k0 += kLayoutChunk) {
+        int id[kLayoutChunk];
+#pragma unroll
+        for (int u = 0; u < kLayoutChunk; ++u) id[u] = k0 + u < g.topk ? mine[k0 + u] : -1;
+#pragma unroll
+        for (int u = 0; u < kLayoutChunk; ++u) {
+          if (id[u] < 0) continue;
+          mask |= 1ULL << expertOwner(id[u], g.numLocalExperts, ownerMagic);
+          // An expert named twice by one token receives it once.
+          bool repeated = false;
+#pragma unroll
+          for (int q = 0; q < u; ++q) repeated = repeated || id[q] == id[u];
+          for (int q = 0; q < k0 && !repeated; ++q) repeated = mine[q] == id[u];
+          if (!repeated) atomicAdd(&expertCount[id[u]], 1);
+        }
       }
       r.tokenRanks[t] = mask;
     }
-    if (base == first) maskedAt = traceStamp(g);
-    for (int d = 0; d < g.nRanks; ++d) {
-      const int bit = static_cast<int>((mask >> d) & 1ULL);
-      int total = 0;
-      const int prefix = blockExclusiveScan<kCopyThreads>(bit, &total);
-      if (bit) g.blockTokens[static_cast<size_t>(d) * g.blockTokenStride + blockIdx.x * per + destCount[d] + prefix] = t;
-      __syncthreads();
-      if (threadIdx.x == 0) destCount[d] += total;
-      __syncthreads();
+    if (base == first) traceStamp(g, &stamps.masked);
+    // Destinations d and d + 1 in one scan: a pass has at most blockDim tokens, so each count
+    // fits 16 bits. destCount is read before the scan's barriers and written after them.
+    static_assert(kCopyThreads < (1 << 16), "two 16-bit counts per scanned value");
+    for (int d = 0; d < g.nRanks; d += 2) {
+      const bool pair = d + 1 < g.nRanks;
+      const int bits = static_cast<int>((mask >> d) & (pair ? 3ULL : 1ULL));
+      const int before = destCount[d], beforeNext = pair ? destCount[d + 1] : 0;
+      int totals = 0;
+      const int prefixes = blockExclusiveScan<kCopyThreads>((bits & 1) | ((bits >> 1) << 16), &totals);
+      if (bits & 1) lists[static_cast<size_t>(d) * g.blockTokenStride + before + (prefixes & 0xffff)] = t;
+      if (bits & 2) lists[static_cast<size_t>(d + 1) * g.blockTokenStride + beforeNext + (prefixes >> 16)] = t;
+      if (threadIdx.x == 0) {
+        destCount[d] = before + (totals & 0xffff);
+        if (pair) destCount[d + 1] = beforeNext + (totals >> 16);
+      }
     }
   }
   __syncthreads();
-  const uint64_t listedAt = traceStamp(g);
+  traceStamp(g, &stamps.listed);
   // The block's rows for every rank, into every rank's window: each rank places its rows after
   // those of the lower ranks, and a rank's words of a call are also its start handshake (its
-  // receive buffers are free). The fence publishes the block's token lists with them to the
-  // other blocks of this GPU. Its rows for each expert go to the expert's owner.
+  // receive buffers are free). Only this GPU's own window needs the fence, which publishes the
+  // block's token lists and routing to its other blocks; the peers' words go out without waiting
+  // for it (the peers read counts only). Its rows for each expert go to the expert's owner.
   for (int i = threadIdx.x; i < g.nRanks * g.nRanks; i += blockDim.x) {
-    if (i == static_cast<int>(threadIdx.x)) __threadfence();
-    const int p = i / g.nRanks, d = i % g.nRanks;
+    const int p = (g.rank + 1 + i / g.nRanks) % g.nRanks, d = i % g.nRanks;  // this GPU's own words last
+    if (p == g.rank) __threadfence();
     storeRelaxed(blockWordsAt(g, p) + blockWordIndex(g, g.rank, blockIdx.x, d), blockWord(epoch, destCount[d], gridDim.x));
   }
   for (int e = threadIdx.x; e < g.numExperts; e += blockDim.x) {
@@ -268,9 +304,6 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
     storeRelaxed(blockExpertWordsAt(g, owner) + blockExpertWordIndex(g, g.rank, blockIdx.x, e % g.numLocalExperts),
                  countWord(epoch, expertCount[e]));
   }
-  if (loadedAt != 0) tracePoint(g, kTraceDispatchIdsLoaded, epoch, loadedAt);
-  if (maskedAt != 0) tracePoint(g, kTraceDispatchMasked, epoch, maskedAt);
-  tracePoint(g, kTraceDispatchListed, epoch, listedAt);
 }
 
 // True if rank s's first word of this call is the same kind of call as ours; raises the mismatch
@@ -302,14 +335,17 @@ __device__ bool waitBlockWords(const GroupView& g, uint64_t epoch, bool cached, 
   }
   if (__syncthreads_or(!ok)) return false;
   if (!cached) {
-    for (int s = 0; s <= g.rank; ++s) {
-      const int columns = gridOf[s] * g.nRanks;
-      for (int j = threadIdx.x; j < columns && ok; j += blockDim.x) {
-        const int b = j / g.nRanks, d = j % g.nRanks;
-        if (!(d == g.rank ? role.local : role.remote)) continue;
-        uint64_t seen;
-        ok = waitTagged(g, words + blockWordIndex(g, s, b, d), epoch, &seen);
-      }
+    // The words of all ranks s <= this rank as one list, so that a thread's waits (usually one)
+    // are not in series over s.
+    int total = 0;
+    for (int s = 0; s <= g.rank; ++s) total += gridOf[s] * g.nRanks;
+    for (int j = threadIdx.x; j < total && ok; j += blockDim.x) {
+      int s = 0, column = j;
+      while (column >= gridOf[s] * g.nRanks) column -= gridOf[s++] * g.nRanks;
+      const int b = column / g.nRanks, d = column % g.nRanks;
+      if (!(d == g.rank ? role.local : role.remote)) continue;
+      uint64_t seen;
+      ok = waitTagged(g, words + blockWordIndex(g, s, b, d), epoch, &seen);
     }
   }
   __threadfence();  // this rank's blocks' token lists, published before their words
@@ -478,11 +514,12 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   __syncthreads();
   const uint64_t epoch = epochShared;
   if (timedOutShared) return;
-  const uint64_t enteredAt = traceStamp(g);
-  if (!cached) layoutBlock(g, input, r, epoch);
-  tracePoint(g, kTraceDispatchEntered, epoch, enteredAt);
+  __shared__ DispatchStamps stamps;
+  if (g.trace != nullptr && threadIdx.x == 0) stamps = {};
+  traceStamp(g, &stamps.entered);
+  if (!cached) layoutBlock(g, input, r, epoch, stamps);
   if (cached && blockIdx.x == 0) publishStart(g, epoch, input.routingTag);
-  tracePoint(g, kTraceDispatchLayout, epoch);
+  recordStamps(g, epoch, stamps);
   const Role role = blockRole(remoteBlocks);
   __shared__ int gridOf[kMaxRanks];
   // A cached dispatch's local rows need nothing from the peers; everything else does.
@@ -509,6 +546,10 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   int* tokens = batchTokens + (threadIdx.x / kWarp) * kWarp;
   const int payloadBytes = g.hidden * payloadBytesPerValue(input.dtype);
   const uint64_t* words = blockWordsAt(g, g.rank);
+  __shared__ int sentRows[kMaxRanks];  // thread 0's: rows this block writes into each peer
+  if (threadIdx.x == 0) {
+    for (int d = 0; d < g.nRanks; ++d) sentRows[d] = 0;
+  }
   for (int k = 0; k < g.nRanks; ++k) {
     const int d = (g.rank + 1 + k) % g.nRanks;  // every rank starts with a different peer
     if (!(d == g.rank ? role.local : role.remote)) continue;
@@ -538,6 +579,10 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
     char* recvX = at(g, d, g.layout.recvX);
     const int begin = static_cast<int>(static_cast<int64_t>(rows) * warp / warps);
     const int end = static_cast<int>(static_cast<int64_t>(rows) * (warp + 1) / warps);
+    if (threadIdx.x == 0 && d != g.rank) {  // warp 0 begins the block's run, the last warp ends it
+      const int blockWarps = kCopyThreads / kWarp;
+      sentRows[d] = static_cast<int>(static_cast<int64_t>(rows) * (warp + blockWarps) / warps) - begin;
+    }
     // 32 rows at a time: lane i finds row i's token first, so that no row waits on a chain of
     // routing loads before its bytes start moving.
     for (int j0 = begin; j0 < end; j0 += kWarp) {
@@ -575,8 +620,33 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
     __syncthreads();
     tracePoint(g, role.remote ? kTraceDispatchRemoteDone : kTraceDispatchLocalDone, epoch);
   }
-  if (lastBlockToFinish(g)) {
-    peerHandshake(g, offsetof(Control, dispatchDone), epoch);
+  // Each block tells every peer it wrote into how many rows it wrote there, after one system fence,
+  // and the last block of each rank waits until the rows it expects from every peer are in: a
+  // block's signal leaves as soon as its own rows are out (with an end counter first, the signal
+  // would wait for the rank's slowest block and cost a second system fence).
+  __syncthreads();
+  if (threadIdx.x == 0 && role.remote) {
+    __threadfence_system();
+    for (int d = 0; d < g.nRanks; ++d) {
+      if (d != g.rank && sentRows[d] != 0) {
+        addRelease(reinterpret_cast<Control*>(at(g, d, g.layout.control))->dispatchRowsIn + g.rank,
+                   static_cast<uint64_t>(sentRows[d]));
+      }
+    }
+  }
+  if (kernels::lastBlockToFinish<false>(&g.sync->finished)) {
+    uint64_t* rowsIn = reinterpret_cast<Control*>(at(g, g.rank, g.layout.control))->dispatchRowsIn;
+    bool ok = true;
+    for (int s = threadIdx.x; s < g.nRanks; s += blockDim.x) {
+      if (s == g.rank) continue;
+      // The receive counts of this call (the finalizer's, ordered before us by the end counter)
+      // or of the cached routing.
+      const uint64_t expected = static_cast<uint64_t>(__ldcg(r.recvRowsPerRank + s));
+      ok = waitUntil<false>(g, [&] { return loadAcquire(rowsIn + s) == expected; }) && ok;
+      // No peer adds to it again before this rank's next dispatch has started (its count words
+      // are the peers' start handshake), which follows this kernel on the stream.
+      if (ok) storeRelaxed(rowsIn + s, 0);
+    }
     __syncthreads();
     tracePoint(g, kTraceDispatchEnd, epoch);
     if (threadIdx.x == 0) g.epochs->dispatch = epoch;

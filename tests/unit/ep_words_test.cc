@@ -34,4 +34,14 @@ TEST(EpWords, AZeroedWindowHoldsNoWordOfTheFirstCall) {
   EXPECT_TRUE(kep::countWordIsFrom(kep::countWord(1, 0), 1));
 }
 
+TEST(EpWords, ExpertOwnerMatchesDivisionForEveryExpertCount) {
+  // Every split of up to kMaxExperts global experts over ranks, every expert id.
+  for (int local = 1; local <= kep::kMaxExperts; ++local) {
+    const uint32_t magic = kep::expertOwnerMagic(local);
+    for (int id = 0; id < kep::kMaxExperts; ++id) {
+      ASSERT_EQ(kep::expertOwner(id, local, magic), id / local) << "id " << id << ", " << local << " per rank";
+    }
+  }
+}
+
 }  // namespace
