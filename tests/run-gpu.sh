@@ -6,6 +6,7 @@
 #   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
 # UNIFAB_TUNESWEEP_NETS / UNIFAB_TUNESWEEP_OPS limit the tunesweep step (it runs ~2 min per pair);
+# UNIFAB_TRACE_DTYPES / UNIFAB_TRACE_OPS limit the trace step (default: bf16 fp8 x empty cached dispatch combine);
 # ab measures the working tree against itself with UNIFAB_AB_PATCH (default ab.patch) reversed,
 # interleaved (UNIFAB_AB_ARGS, UNIFAB_AB_DTYPES, UNIFAB_AB_REPS);
 # UNIFAB_GPU_TESTS_LIMIT_S bounds the whole tests step (default 3000 s) so that a hang still
