@@ -144,6 +144,16 @@ struct Case {
   bool unevenSms;  // dispatch: rank r runs numSms + r blocks (the count words carry each rank's)
 };
 
+// One dispatch on the session's stream, waited for, with the group's asynchronous error checked.
+bool dispatchAndWait(NcclSession& session, unifabEpGroup_t group, const unifabEpDispatchArgs_t& args,
+                     unifabEpHandle_t* handle, unifabEpDispatchResult_t* result) {
+  result->size = sizeof(*result);
+  TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), handle, result));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+  TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
+  return true;
+}
+
 std::string describe(const Case& c) {
   char text[200];
   snprintf(text, sizeof(text), "E%d H%d top-%d %s %s%s SMs %d%s", c.shape.numExperts, c.shape.hidden, c.shape.topk,
@@ -183,10 +193,7 @@ bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_
   args.numSms = c.numSms + (c.unevenSms ? session.rank() : 0);
   unifabEpHandle_t handle = nullptr;
   unifabEpDispatchResult_t result;
-  result.size = sizeof(result);
-  TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &handle, &result));
-  TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
-  TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
+  if (!dispatchAndWait(session, group, args, &handle, &result)) return false;
   *last = result;
   Outputs o;
   if (!fetch(result, shape, c.fp8, session.stream(), &o)) return false;
@@ -264,6 +271,16 @@ bool runCase(NcclSession& session, unifabEpGroup_t group, const Case& c, uint64_
   return true;
 }
 
+// Dispatch arguments for `numTokens` BF16 tokens of `input` with their top-k ids and weights.
+unifabEpDispatchArgs_t bf16DispatchArgs(const DeviceInput& input, int numTokens) {
+  unifabEpDispatchArgs_t args = UNIFAB_EP_DISPATCH_ARGS_INIT;
+  args.numTokens = numTokens;
+  args.x = input.x;
+  args.topkIdx = input.topk;
+  args.topkWeights = input.weights;
+  return args;
+}
+
 // dispatch -> experts -> combine captured once, replayed with fresh inputs of the same size.
 bool runGraph(NcclSession& session, unifabEpGroup_t group, const Shape& shape, Buffers& b, int replays,
               bool fromCombineInput, unifabEpDispatchResult_t* last) {
@@ -278,11 +295,7 @@ bool runGraph(NcclSession& session, unifabEpGroup_t group, const Shape& shape, B
   for (int r = 0; r < shape.nRanks; ++r) inputs.push_back(makeInput(shape, r, 4242, false, 10, shape.maxTokens / 2 + r));
   if (!b.input.upload(inputs[session.rank()], false, session.stream())) return false;
   if (!session.barrier(true)) return false;
-  unifabEpDispatchArgs_t args = UNIFAB_EP_DISPATCH_ARGS_INIT;
-  args.numTokens = tokens;
-  args.x = b.input.x;
-  args.topkIdx = b.input.topk;
-  args.topkWeights = b.input.weights;
+  unifabEpDispatchArgs_t args = bf16DispatchArgs(b.input, tokens);
   unifabEpCombineArgs_t cargs = UNIFAB_EP_COMBINE_ARGS_INIT;
   cargs.expertOutput = b.expertOut;
   cargs.combinedX = b.combined;
@@ -345,11 +358,7 @@ bool runUnsyncedSequence(NcclSession& session, unifabEpGroup_t group, const Shap
   const RankInput& mine = inputs[session.rank()];
   if (!b.input.upload(mine, false, session.stream())) return false;
   if (!poison(session, *last, shape)) return false;
-  unifabEpDispatchArgs_t args = UNIFAB_EP_DISPATCH_ARGS_INIT;
-  args.numTokens = mine.numTokens;
-  args.x = b.input.x;
-  args.topkIdx = b.input.topk;
-  args.topkWeights = b.input.weights;
+  unifabEpDispatchArgs_t args = bf16DispatchArgs(b.input, mine.numTokens);
   unifabEpHandle_t handle = nullptr;
   unifabEpDispatchResult_t result;
   result.size = sizeof(result);
@@ -420,17 +429,10 @@ bool runCallMismatch(NcclSession& session, const Shape& shape) {
   if (!input.allocate(shape)) return false;
   const RankInput mine = makeInput(shape, session.rank(), 4242, false, 10);
   if (!input.upload(mine, false, session.stream())) return false;
-  unifabEpDispatchArgs_t args = UNIFAB_EP_DISPATCH_ARGS_INIT;
-  args.numTokens = mine.numTokens;
-  args.x = input.x;
-  args.topkIdx = input.topk;
-  args.topkWeights = input.weights;
+  unifabEpDispatchArgs_t args = bf16DispatchArgs(input, mine.numTokens);
   unifabEpHandle_t handle = nullptr;
   unifabEpDispatchResult_t result;
-  result.size = sizeof(result);
-  TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &handle, &result));
-  TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
-  TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
+  if (!dispatchAndWait(session, group, args, &handle, &result)) return false;
   unifabEpHandle_t second = nullptr;
   if (session.rank() == 0) {
     args.cachedHandle = handle;
