@@ -174,10 +174,6 @@ __device__ __forceinline__ size_t blockExpertWordIndex(const GroupView& g, int s
   return (static_cast<size_t>(s) * kMaxBlocks + b) * g.numLocalExperts + e;
 }
 
-// Layout of this block's token range: destination ranks of every token, the block's tokens for
-// each destination in order, validated ids and weights kept for combine and cached re-dispatch;
-// then the block's rows for each rank go to every rank, and its rows for each expert to the
-// expert's owner.
 // Trace stamps of a dispatch block's start and its layout's first pass (traceStamp), recorded
 // with the layout's end after one read of the call's start.
 struct DispatchStamps {
@@ -197,6 +193,10 @@ __device__ __forceinline__ void recordStamps(const GroupView& g, uint64_t epoch,
   }
 }
 
+// Layout of this block's token range: destination ranks of every token, the block's tokens for
+// each destination in order, validated ids and weights kept for combine and cached re-dispatch;
+// then the block's rows for each rank go to every rank, and its rows for each expert to the
+// expert's owner.
 __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, const Routing& r, uint64_t epoch,
                             DispatchStamps& stamps) {
   __shared__ int destCount[kMaxRanks];
