@@ -154,9 +154,11 @@ Result unifabEpGroup::planLayout(const unifabEpConfig_t& config, int nRanks, kep
   const size_t cap = static_cast<size_t>(L.recvCapacity);
   unifab::collectives::ep::Carver window(nullptr);  // offsets only: the window is allocated by NCCL
   L.control = window.reserve(sizeof(kep::Control));
-  L.blockWords = window.reserve(sizeof(uint64_t) * static_cast<size_t>(nRanks) * kep::kMaxBlocks * nRanks);
-  L.blockExpertWords =
-      window.reserve(sizeof(uint64_t) * static_cast<size_t>(nRanks) * kep::kMaxBlocks * (config.numExperts / nRanks));
+  for (int set = 0; set < 2; ++set) {
+    L.blockWords[set] = window.reserve(sizeof(uint64_t) * static_cast<size_t>(nRanks) * kep::kMaxBlocks * nRanks);
+    L.blockExpertWords[set] =
+        window.reserve(sizeof(uint64_t) * static_cast<size_t>(nRanks) * kep::kMaxBlocks * (config.numExperts / nRanks));
+  }
   L.recvX = window.reserve(cap * L.rowBytes);
   L.recvScales = window.reserve(sizeof(float) * cap * (config.hidden / kep::kScaleBlock));
   L.recvTopk = window.reserve(sizeof(int) * cap * config.topk);

@@ -33,10 +33,13 @@ struct Control {
 // Byte offsets into the window (identical on all ranks) and the sizes they were made for.
 struct WindowLayout {
   size_t control;        // Control
-  size_t blockWords;     // uint64 [nRanks][kMaxBlocks][nRanks]: (s, b, d) = rows that layout block b of rank s
+  // Two sets of count words, used by alternate dispatches (wordSet): a rank may start its next
+  // dispatch, whose layout writes words into every peer, while a peer's blocks still read the
+  // words of the current one (the end of a dispatch waits for the peers' rows, not their readers).
+  size_t blockWords[2];  // uint64 [nRanks][kMaxBlocks][nRanks]: (s, b, d) = rows that layout block b of rank s
                          // sends to rank d, tagged (blockWord)
-  size_t blockExpertWords; // uint64 [nRanks][kMaxBlocks][numLocalExperts]: (s, b, e) = rows that layout block b of
-                           // rank s sends to our expert e, tagged (countWord)
+  size_t blockExpertWords[2]; // uint64 [nRanks][kMaxBlocks][numLocalExperts]: (s, b, e) = rows that layout block
+                              // b of rank s sends to our expert e, tagged (countWord)
   size_t recvX;          // [recvCapacity][rowBytes]: rank-major received payloads
   size_t recvScales;     // float [recvCapacity][hidden / kScaleBlock]
   size_t recvTopk;       // int [recvCapacity][topk]: local expert ids, -1 elsewhere
@@ -68,7 +71,18 @@ static_assert(static_cast<uint64_t>(kMaxExperts) * kMaxExperts < (1ULL << 32), "
 // its low half, so one relaxed 64-bit store is both the data and its arrival flag: the start of a
 // dispatch needs no fence. (A word not rewritten for exactly 2^32 calls would pass as current: at
 // one dispatch every 22 us that is ~26 hours of back-to-back calls. The dispatch skips epochs
-// whose low half is 0, so at least the never-written words cannot pass.)
+// whose low half is 0 (nextDispatchEpoch), so at least the never-written words cannot pass.)
+// The set of count words dispatch `epoch` uses. Consecutive dispatches take different sets: the
+// epoch skips only from a low half of 0xffffffff to 2 (nextDispatchEpoch), an odd step.
+UNIFAB_HOST_DEVICE inline int wordSet(uint64_t epoch) { return static_cast<int>(epoch & 1); }
+
+// The epoch after `last`: count words carry the epoch's low 32 bits, and a low half of 0 would
+// match a word never written (the window starts zeroed), so it is skipped, by 3 to keep wordSet
+// alternating.
+UNIFAB_HOST_DEVICE inline uint64_t nextDispatchEpoch(uint64_t last) {
+  return static_cast<uint32_t>(last + 1) == 0 ? last + 3 : last + 1;
+}
+
 UNIFAB_HOST_DEVICE inline uint64_t countWord(uint64_t epoch, int count) {
   return (epoch << 32) | static_cast<uint32_t>(count);
 }

@@ -160,15 +160,15 @@ __device__ __forceinline__ bool waitTagged(const GroupView& g, const uint64_t* w
 
 // Count words of layout blocks: (s, b, d) = rows that block b of rank s sends to rank d, in every
 // rank's window.
-__device__ __forceinline__ uint64_t* blockWordsAt(const GroupView& g, int rank) {
-  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.blockWords));
+__device__ __forceinline__ uint64_t* blockWordsAt(const GroupView& g, int rank, uint64_t epoch) {
+  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.blockWords[wordSet(epoch)]));
 }
 __device__ __forceinline__ size_t blockWordIndex(const GroupView& g, int s, int b, int d) {
   return (static_cast<size_t>(s) * kMaxBlocks + b) * g.nRanks + d;
 }
 // (s, b, e) = rows that layout block b of rank s sends to our local expert e, in the owner's window.
-__device__ __forceinline__ uint64_t* blockExpertWordsAt(const GroupView& g, int rank) {
-  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.blockExpertWords));
+__device__ __forceinline__ uint64_t* blockExpertWordsAt(const GroupView& g, int rank, uint64_t epoch) {
+  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.blockExpertWords[wordSet(epoch)]));
 }
 __device__ __forceinline__ size_t blockExpertWordIndex(const GroupView& g, int s, int b, int e) {
   return (static_cast<size_t>(s) * kMaxBlocks + b) * g.numLocalExperts + e;
@@ -297,11 +297,11 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
   for (int i = threadIdx.x; i < g.nRanks * g.nRanks; i += blockDim.x) {
     const int p = (g.rank + 1 + i / g.nRanks) % g.nRanks, d = i % g.nRanks;  // this GPU's own words last
     if (p == g.rank) __threadfence();
-    storeRelaxed(blockWordsAt(g, p) + blockWordIndex(g, g.rank, blockIdx.x, d), blockWord(epoch, destCount[d], gridDim.x));
+    storeRelaxed(blockWordsAt(g, p, epoch) + blockWordIndex(g, g.rank, blockIdx.x, d), blockWord(epoch, destCount[d], gridDim.x));
   }
   for (int e = threadIdx.x; e < g.numExperts; e += blockDim.x) {
     const int owner = e / g.numLocalExperts;
-    storeRelaxed(blockExpertWordsAt(g, owner) + blockExpertWordIndex(g, g.rank, blockIdx.x, e % g.numLocalExperts),
+    storeRelaxed(blockExpertWordsAt(g, owner, epoch) + blockExpertWordIndex(g, g.rank, blockIdx.x, e % g.numLocalExperts),
                  countWord(epoch, expertCount[e]));
   }
 }
@@ -322,7 +322,7 @@ __device__ bool sameCall(const GroupView& g, uint64_t word, bool cached, int rou
 // destinations only. gridOf[s] receives rank s's block count. The same answer in every thread.
 __device__ bool waitBlockWords(const GroupView& g, uint64_t epoch, bool cached, int routingTag, const Role& role,
                                int* gridOf) {
-  const uint64_t* words = blockWordsAt(g, g.rank);
+  const uint64_t* words = blockWordsAt(g, g.rank, epoch);
   bool ok = true;
   for (int s = threadIdx.x; s < g.nRanks; s += blockDim.x) {
     gridOf[s] = 0;
@@ -357,7 +357,7 @@ __device__ bool waitBlockWords(const GroupView& g, uint64_t epoch, bool cached, 
 // routing's tag in place of rows, so that a peer making another call than ours sees it.
 __device__ void publishStart(const GroupView& g, uint64_t epoch, int routingTag) {
   for (int d = threadIdx.x; d < g.nRanks; d += blockDim.x) {
-    storeRelaxed(blockWordsAt(g, d) + blockWordIndex(g, g.rank, 0, d), blockWord(epoch, routingTag, 0));
+    storeRelaxed(blockWordsAt(g, d, epoch) + blockWordIndex(g, g.rank, 0, d), blockWord(epoch, routingTag, 0));
   }
 }
 
@@ -373,7 +373,7 @@ __device__ bool finishReceiveCounts(const GroupView& g, const Routing& r, uint64
   for (int s = threadIdx.x; s < g.nRanks; s += blockDim.x) fromRank[s] = 0;
   for (int e = threadIdx.x; e < g.numLocalExperts; e += blockDim.x) perExpert[e] = 0;
   // Rows from each rank: every block's word for this rank.
-  const uint64_t* words = blockWordsAt(g, g.rank);
+  const uint64_t* words = blockWordsAt(g, g.rank, epoch);
   for (int s = threadIdx.x; s < g.nRanks && ok; s += blockDim.x) {
     uint64_t first = 0;
     ok = waitTagged(g, words + blockWordIndex(g, s, 0, g.rank), epoch, &first) && sameCall(g, first, false, 0);
@@ -384,7 +384,7 @@ __device__ bool finishReceiveCounts(const GroupView& g, const Routing& r, uint64
   // then its rows for each of our experts (entries G.., block-major: the words are one run), with
   // kWordBatch loads in flight per thread before any wait: the words are usually all there, and
   // polling one at a time costs a round trip each.
-  const uint64_t* experts = blockExpertWordsAt(g, g.rank);
+  const uint64_t* experts = blockExpertWordsAt(g, g.rank, epoch);
   constexpr int kWordBatch = 4;
   for (int s = 0; s < g.nRanks && ok; ++s) {
     const int blocks = gridOf[s];
@@ -506,9 +506,7 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
     // Both words in one round trip: after an L2 flush each is a miss to HBM.
     const uint64_t last = g.epochs->dispatch;
     const bool out = timedOut(g);
-    // The count words carry the epoch's low 32 bits: an epoch whose low half is 0 would match a
-    // word never written (the window starts zeroed), so every rank skips it alike.
-    epochShared = static_cast<uint32_t>(last + 1) == 0 ? last + 2 : last + 1;
+    epochShared = nextDispatchEpoch(last);
     timedOutShared = out;
   }
   __syncthreads();
@@ -545,7 +543,7 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   __shared__ int batchTokens[kCopyThreads];  // a warp's 32 entries: the tokens of its current rows
   int* tokens = batchTokens + (threadIdx.x / kWarp) * kWarp;
   const int payloadBytes = g.hidden * payloadBytesPerValue(input.dtype);
-  const uint64_t* words = blockWordsAt(g, g.rank);
+  const uint64_t* words = blockWordsAt(g, g.rank, epoch);
   __shared__ int sentRows[kMaxRanks];  // thread 0's: rows this block writes into each peer
   if (threadIdx.x == 0) {
     for (int d = 0; d < g.nRanks; ++d) sentRows[d] = 0;

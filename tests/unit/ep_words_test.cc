@@ -34,6 +34,16 @@ TEST(EpWords, AZeroedWindowHoldsNoWordOfTheFirstCall) {
   EXPECT_TRUE(kep::countWordIsFrom(kep::countWord(1, 0), 1));
 }
 
+TEST(EpWords, ConsecutiveDispatchesAlternateWordSetsAndSkipAZeroLowHalf) {
+  // Around the wrap of the low half, where the epoch skips, and from the first call.
+  for (uint64_t last : {0ULL, 1ULL, 0xfffffffdULL, 0xfffffffeULL, 0xffffffffULL, 0x1fffffffeULL, 0x1ffffffffULL}) {
+    const uint64_t next = kep::nextDispatchEpoch(last);
+    EXPECT_GT(next, last);
+    EXPECT_NE(static_cast<uint32_t>(next), 0u) << "a zeroed word would pass as dispatch " << next;
+    EXPECT_NE(kep::wordSet(next), kep::wordSet(last)) << "dispatches " << last << " and " << next << " share a word set";
+  }
+}
+
 TEST(EpWords, ExpertOwnerMatchesDivisionForEveryExpertCount) {
   // Every split of up to kMaxExperts global experts over ranks, every expert id.
   for (int local = 1; local <= kep::kMaxExperts; ++local) {
