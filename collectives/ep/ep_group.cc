@@ -299,7 +299,7 @@ void unifabEpGroup::logTrace() const {
   static const char* const names[kep::kTracePoints] = {
       "dispatch: epoch read", "dispatch: top-k entries loaded", "dispatch: masks known (thread 0)", "dispatch: token lists written",
       "dispatch: layout, words sent", "dispatch: count words in", "dispatch: receive counts", "dispatch: remote rows written",
-      "dispatch: local rows written", "dispatch: done handshake", "combine: start handshake", "combine: partials sent",
+      "dispatch: local rows written", "dispatch: peers' rows in", "combine: start handshake", "combine: partials sent",
       "combine: last tokens helped", "combine: tokens reduced", "combine: last block done"};
   for (int p = 0; p < kep::kTracePoints; ++p) {
     const unsigned long long count = trace[kep::kTracePoints + p];

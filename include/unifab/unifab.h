@@ -262,9 +262,13 @@ UNIFAB_API unifabResult_t unifabEpLowLatencyCombine(unifabEpGroup_t group, unifa
                                                     const unifabEpLowLatencyCombineArgs_t* args, cudaStream_t stream);
 
 /* A device-side failure of any earlier call on the group, or unifabSuccess: unifabTimeout when a
- * peer stopped answering within UNIFAB_EP_TIMEOUT_MS (the group is then unusable), or
- * unifabInvalidArgument when a top-k id was outside -1..numExperts-1 (it was treated as -1). The
- * error stays; later calls on the group return it. Does not synchronise the stream. */
+ * peer stopped answering within UNIFAB_EP_TIMEOUT_MS (the group is then unusable),
+ * unifabInvalidUsage when ranks made different calls (a cached re-dispatch on some ranks only; the
+ * group is then unusable), or unifabInvalidArgument when a top-k id was outside
+ * -1..numExperts-1 (it was treated as -1). The error stays; later calls on the group return it.
+ * Does not synchronise the stream. A high-throughput dispatch ends once every peer's rows for this
+ * rank have landed, so a peer that fails after that is reported by this rank's next call that
+ * waits on it, not by this one (whose results are complete). */
 UNIFAB_API unifabResult_t unifabEpGetAsyncError(unifabEpGroup_t group);
 
 /* ============================================================================================

@@ -20,8 +20,9 @@ constexpr int kMaxExperts = 1024;    // global experts
 constexpr int kScaleBlock = 128;     // FP8 values per float scale
 constexpr int kMaxBlocks = 256;      // blocks of one EP kernel (at most one per SM)
 
-// Per-rank control words in the window. Every word is written by one peer and read by its owner;
-// values are epochs (call counts), so they only grow and never need resetting.
+// Per-rank control words in the window. Every word is written by one peer and read by its owner.
+// The combine words are epochs (call counts): they only grow and never need resetting. The
+// dispatch's are row counts that the owner zeroes at the end of each call.
 struct Control {
   uint64_t dispatchRowsIn[kMaxRanks];  // rows of the current dispatch that source s's blocks finished writing
                                       // into us (each adds its own after a system fence); 0 between calls
@@ -136,7 +137,7 @@ enum TracePoint : int {
   kTraceDispatchReceiveCounts,// last block: receive counts and expert regions done (before its rows)
   kTraceDispatchRemoteDone,   // each remote block: its rows written
   kTraceDispatchLocalDone,    // each local block: its rows written
-  kTraceDispatchEnd,          // last block: done handshake complete
+  kTraceDispatchEnd,          // last block: every peer's rows for this rank are in
   kTraceCombineStarted,       // block 0: start handshake complete
   kTraceCombineSent,          // each remote block: its partials sent
   kTraceCombineHelped,        // each remote block: its share of the last tokens reduced

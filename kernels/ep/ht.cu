@@ -495,8 +495,9 @@ __device__ __forceinline__ void writeRowsMetadata(const GroupView& g, const Disp
   }
 }
 
-// One kernel per dispatch: layout (unless cached), count exchange and start handshake by block 0,
-// payload by every block, end handshake by the last block to finish.
+// One kernel per dispatch: layout and count words by every block (start words only when cached),
+// payload by every block, then each block's rows-written count to the peers it wrote into, and the
+// last block to finish waits until every peer's rows for this rank are in.
 __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, DispatchInput input, Routing r,
                                                                bool cached, int remoteBlocks) {
   __shared__ uint64_t epochShared;

@@ -1,5 +1,5 @@
 // Host entry points of the high-throughput expert-parallel kernels. One dispatch is one kernel
-//   layout -> count exchange -> payload -> done handshake   [-> expert-major expansion]
+//   layout -> count exchange -> payload -> rows-landed wait   [-> expert-major expansion]
 // and one combine is one kernel, either
 //   start handshake -> partial sums sent to the tokens' ranks -> reduction as they land -> end word
 // or, from the ranks' combine inputs,
@@ -51,8 +51,8 @@ struct CombineInput {
 // One dispatch, one kernel on `numBlocks` SMs (at most GroupView::maxBlocks): the layout of the
 // tokens (skipped when `cached`: the routing holds it), the exchange of counts with every rank,
 // every token written once into each destination rank's receive rows (the first `remoteBlocks`
-// blocks write the rows for other ranks; 0: none, numBlocks: one block does both), and a done
-// handshake.
+// blocks write the rows for other ranks; 0: none, numBlocks: one block does both), and a wait
+// until every peer's rows for this rank have landed.
 cudaError_t launchDispatch(const GroupView& group, const DispatchInput& input, const Routing& routing, bool cached,
                            int numBlocks, int remoteBlocks, cudaStream_t stream);
 // Rank-major rows -> expert-major rows (one per (token, local expert)), aligned expert regions.
