@@ -117,6 +117,10 @@ const std::vector<ParamEntry>& entries() {
         "Blocks of a high-throughput dispatch that write rows into peers (the others write this rank's "
         "own rows); 0 takes the tuner's split. At least one block of each kind remains"},
        0, 1024, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.epDispatchSenders = v; }},
+      {{"UNIFAB_EP_TEST_STALL_US", ParamType::kInt, "0", "0..1000000",
+        "Tests only: the upper half of every high-throughput dispatch's blocks wait this many microseconds "
+        "after writing their count words, as blocks that start late would"},
+       0, 1000000, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.epTestStallUs = v; }},
   };
   return table;
 }

@@ -40,6 +40,7 @@ struct Params {
   bool epTrace;                  // UNIFAB_EP_TRACE
   int64_t epCombineSenders;      // UNIFAB_EP_COMBINE_SENDERS: 0 = the tuner's split
   int64_t epDispatchSenders;     // UNIFAB_EP_DISPATCH_SENDERS: 0 = the tuner's split
+  int64_t epTestStallUs;         // UNIFAB_EP_TEST_STALL_US: tests only
 };
 
 enum class ParamType { kInt, kSize, kBool, kString, kChoice, kFloat };

@@ -228,6 +228,7 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   v.layout = layout;
   for (int r = 0; r < dc.nRanks(); ++r) v.peerBase[r] = group->window_->peerBases()[r];
   v.timeoutNs = static_cast<uint64_t>(unifab::params().epTimeoutMs) * 1000000ULL;
+  v.testStallNs = static_cast<uint64_t>(unifab::params().epTestStallUs) * 1000ULL;
 
   v.maxBlocks = group->deviceSms_;
 

@@ -169,6 +169,7 @@ struct GroupView {
   int* error;                 // device memory: read by every kernel, so it must not cross PCIe
   int* hostError;             // host-mapped mirror, written only when an error is raised
   uint64_t timeoutNs;
+  uint64_t testStallNs;       // UNIFAB_EP_TEST_STALL_US (tests only): late dispatch blocks; 0 = none
 };
 
 // Error bits of GroupView::error. Bits, not a first-wins code: a bad expert id leaves the group

@@ -519,6 +519,11 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   if (!cached) layoutBlock(g, input, r, epoch, stamps);
   if (cached && blockIdx.x == 0) publishStart(g, epoch, input.routingTag);
   recordStamps(g, epoch, stamps);
+  if (g.testStallNs != 0 && blockIdx.x >= gridDim.x / 2) {
+    // Tests only: these blocks read their peers' words late, as blocks that start late would.
+    const uint64_t until = globalTimerNs() + g.testStallNs;
+    while (globalTimerNs() < until) __nanosleep(1000);
+  }
   const Role role = blockRole(remoteBlocks);
   __shared__ int gridOf[kMaxRanks];
   // A cached dispatch's local rows need nothing from the peers; everything else does.

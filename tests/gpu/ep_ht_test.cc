@@ -450,6 +450,57 @@ bool runCallMismatch(NcclSession& session, const Shape& shape) {
   return true;
 }
 
+// Back-to-back dispatches while one rank's blocks read their peers' count words late (run with
+// UNIFAB_EP_TEST_STALL_US set on rank 1 only): rank 1 sends no rows, so rank 0's dispatches end
+// without waiting for rank 1 and its next ones write their count words while rank 1's late blocks
+// still read the previous call's. Each call must still see its own words (no timeout), and the
+// last call's rows must be right.
+bool runLateBlocks(NcclSession& session, const Shape& shape) {
+  unifabEpConfig_t config = groupConfig(shape);
+  unifabEpGroup_t group = nullptr;
+  TEST_UNIFAB_CHECK(unifabEpCreate(session.comm(), &config, &group));
+  auto tokensOf = [&](int rank) { return rank == 0 ? shape.maxTokens / 2 : 0; };
+  std::vector<RankInput> first, last;
+  for (int r = 0; r < shape.nRanks; ++r) {
+    first.push_back(makeInput(shape, r, 5151, false, 10, tokensOf(r)));
+    last.push_back(makeInput(shape, r, 6262, false, 10, tokensOf(r)));
+  }
+  DeviceInput firstInput, lastInput;
+  if (!firstInput.allocate(shape) || !lastInput.allocate(shape)) return false;
+  if (!firstInput.upload(first[session.rank()], false, session.stream()) ||
+      !lastInput.upload(last[session.rank()], false, session.stream())) {
+    return false;
+  }
+  if (!session.barrier(true)) return false;
+  // Uncached twice, a cached re-dispatch, then uncached with other inputs: no host synchronisation.
+  unifabEpDispatchArgs_t args = bf16DispatchArgs(firstInput, tokensOf(session.rank()));
+  unifabEpDispatchResult_t result;
+  result.size = sizeof(result);
+  unifabEpHandle_t handles[3] = {};
+  TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &handles[0], &result));
+  TEST_UNIFAB_CHECK(unifabEpDispatch(group, &args, session.stream(), &handles[1], &result));
+  unifabEpDispatchArgs_t cached = args;
+  cached.cachedHandle = handles[1];
+  cached.topkIdx = nullptr;
+  unifabEpHandle_t same = nullptr;
+  TEST_UNIFAB_CHECK(unifabEpDispatch(group, &cached, session.stream(), &same, &result));
+  unifabEpDispatchArgs_t other = bf16DispatchArgs(lastInput, tokensOf(session.rank()));
+  TEST_UNIFAB_CHECK(unifabEpDispatch(group, &other, session.stream(), &handles[2], &result));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+  const unifabResult_t reported = unifabEpGetAsyncError(group);
+  check(reported == unifabSuccess, "back-to-back dispatches with late blocks on rank 1 end without an error on rank " +
+                                       std::to_string(session.rank()) + " (got " +
+                                       std::to_string(static_cast<int>(reported)) + ")");
+  Outputs o;
+  if (reported == unifabSuccess) {
+    if (!fetch(result, shape, false, session.stream(), &o)) return false;
+    verifyDispatch(shape, last, session.rank(), false, 1, o, "the last of back-to-back dispatches with late blocks");
+  }
+  for (unifabEpHandle_t handle : handles) TEST_UNIFAB_CHECK(unifabEpHandleDestroy(handle));
+  TEST_UNIFAB_CHECK(unifabEpDestroy(group));
+  return true;
+}
+
 bool runShape(NcclSession& session, Shape shape, int iterations, int replays) {
   unifabEpConfig_t config = groupConfig(shape);
   unifabEpGroup_t group = nullptr;
@@ -515,21 +566,29 @@ int main(int argc, char** argv) {
   RankEnvironment env = rankEnvironment();
   int iterations = 8;
   int replays = 5;
-  bool quick = false, full = false;
+  bool quick = false, full = false, lateBlocks = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--iterations" && i + 1 < argc) iterations = atoi(argv[++i]);
     else if (arg == "--replays" && i + 1 < argc) replays = atoi(argv[++i]);
     else if (arg == "--quick") quick = true;  // one small shape, for compute-sanitizer runs
     else if (arg == "--full") full = true;    // every hidden x top-k x experts combination
+    else if (arg == "--late-blocks") lateBlocks = true;  // only runLateBlocks (2 ranks)
     else {
-      fprintf(stderr, "usage: %s [--iterations N] [--replays N] [--quick | --full]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--iterations N] [--replays N] [--quick | --full | --late-blocks]\n", argv[0]);
       return 2;
     }
   }
   tally().rank = env.rank;
   NcclSession session;
   if (!session.init(env)) return 1;
+  if (lateBlocks) {
+    if (session.nRanks() < 2 || !runLateBlocks(session, makeShape(session.nRanks(), 64, 2048, 6, 128))) {
+      printf("rank %d: aborted in the late-blocks check (needs 2 ranks)\n", env.rank);
+      return 1;
+    }
+    return finishChecks();
+  }
   struct ShapeSpec {
     int experts, hidden, topk, tokens;
   };
