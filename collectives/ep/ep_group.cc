@@ -305,16 +305,23 @@ void unifabEpGroup::logTrace() const {
   for (int p = 0; p < kep::kTracePoints; ++p) {
     const unsigned long long count = trace[kep::kTracePoints + p];
     if (count == 0) continue;
-    std::vector<unsigned long long> latest;
+    // Per call, the latest block's recording and (as its complement) the earliest one's.
+    std::vector<unsigned long long> latest, earliest;
     for (int c = 0; c < kep::kTraceCalls; ++c) {
-      const unsigned long long ns = trace[2 * kep::kTracePoints + static_cast<size_t>(c) * kep::kTracePoints + p];
-      if (ns != 0) latest.push_back(ns);
+      const size_t slot = 2 * kep::kTracePoints + static_cast<size_t>(c) * kep::kTracePoints + p;
+      if (trace[slot] != 0) latest.push_back(trace[slot]);
+      const unsigned long long first = trace[static_cast<size_t>(kep::kTraceCalls) * kep::kTracePoints + slot];
+      if (first != 0) earliest.push_back(~first);
     }
-    std::sort(latest.begin(), latest.end());
-    const double median = latest.empty() ? 0.0 : static_cast<double>(latest[latest.size() / 2]) / 1e3;
+    auto medianUs = [](std::vector<unsigned long long>& values) {
+      std::sort(values.begin(), values.end());
+      return values.empty() ? 0.0 : static_cast<double>(values[values.size() / 2]) / 1e3;
+    };
+    const double last = medianUs(latest), first = medianUs(earliest);
     UF_INFO(kExt, kLogInit,
-            "EP trace rank %d: %-30s %9.1f us after the call's start (mean of %llu), latest block %9.1f us (median of "
-            "%zu calls)", view_.rank, names[p], static_cast<double>(trace[p]) / count / 1e3, count, median, latest.size());
+            "EP trace rank %d: %-30s %9.1f us after the call's start (mean of %llu), latest block %9.1f us, earliest "
+            "%9.1f us (medians of %zu calls)", view_.rank, names[p], static_cast<double>(trace[p]) / count / 1e3, count,
+            last, first, latest.size());
   }
 }
 

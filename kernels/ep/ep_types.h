@@ -146,7 +146,7 @@ enum TracePoint : int {
   kTracePoints
 };
 constexpr int kTraceCalls = 256;
-constexpr int kTraceWords = 2 * kTracePoints + kTraceCalls * kTracePoints;
+constexpr int kTraceWords = 2 * kTracePoints + 2 * kTraceCalls * kTracePoints;
 
 // Everything a kernel needs to address the group's memory.
 struct GroupView {
@@ -165,7 +165,7 @@ struct GroupView {
                               // token count) on, in token order (a dispatch's slot j finds its token here)
   int blockTokenStride;       // maxTokensPerRank + maxBlocks
   int maxBlocks;              // the most blocks a kernel of the group runs (the GPU's SM count)
-  unsigned long long* trace;  // [kTraceWords] (sums, counts, latest per call) or null: UNIFAB_EP_TRACE
+  unsigned long long* trace;  // [kTraceWords] (sums, counts, latest and ~earliest per call) or null: UNIFAB_EP_TRACE
   int* error;                 // device memory: read by every kernel, so it must not cross PCIe
   int* hostError;             // host-mapped mirror, written only when an error is raised
   uint64_t timeoutNs;

@@ -104,7 +104,9 @@ __device__ __forceinline__ void traceStamp(const GroupView& g, uint64_t* slot) {
 __device__ __forceinline__ void traceRecord(const GroupView& g, TracePoint point, uint64_t epoch, unsigned long long since) {
   atomicAdd(g.trace + point, since);
   atomicAdd(g.trace + kTracePoints + point, 1ULL);
-  atomicMax(g.trace + 2 * kTracePoints + (epoch % kTraceCalls) * kTracePoints + point, since);
+  const size_t slot = 2 * kTracePoints + (epoch % kTraceCalls) * kTracePoints + point;
+  atomicMax(g.trace + slot, since);
+  atomicMax(g.trace + kTraceCalls * kTracePoints + slot, ~since);  // the earliest, as its complement
 }
 
 // Thread 0 of the calling block records `point`, reached now.
