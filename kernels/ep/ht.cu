@@ -81,7 +81,10 @@ __device__ __forceinline__ bool waitGo(const GroupView& g, const uint64_t* word,
   return true;
 }
 
-__device__ __forceinline__ bool lastBlockToFinish(const GroupView& g) { return kernels::lastBlockToFinish(&g.sync->finished); }
+template <bool kSystemScope = true>
+__device__ __forceinline__ bool lastBlockToFinish(const GroupView& g) {
+  return kernels::lastBlockToFinish<kSystemScope>(&g.sync->finished);
+}
 
 // ---- tracing (UNIFAB_EP_TRACE) ---------------------------------------------------------------
 
@@ -640,7 +643,7 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
       }
     }
   }
-  if (kernels::lastBlockToFinish<false>(&g.sync->finished)) {
+  if (lastBlockToFinish<false>(g)) {
     uint64_t* rowsIn = reinterpret_cast<Control*>(at(g, g.rank, g.layout.control))->dispatchRowsIn;
     bool ok = true;
     for (int s = threadIdx.x; s < g.nRanks; s += blockDim.x) {
