@@ -7,8 +7,8 @@
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
 # UNIFAB_TUNESWEEP_NETS / UNIFAB_TUNESWEEP_OPS limit the tunesweep step (it runs ~2 min per pair);
 # UNIFAB_TRACE_DTYPES / UNIFAB_TRACE_OPS limit the trace step (default: bf16 fp8 x empty cached dispatch combine);
-# ab measures the working tree against itself with UNIFAB_AB_PATCH (default ab.patch) reversed,
-# interleaved (UNIFAB_AB_ARGS, UNIFAB_AB_DTYPES, UNIFAB_AB_REPS);
+# ab measures the working tree against itself with UNIFAB_AB_PATCH (default ab.patch; or several
+# NAME=FILE baselines) reversed, interleaved (UNIFAB_AB_ARGS, UNIFAB_AB_DTYPES, UNIFAB_AB_REPS);
 # UNIFAB_GPU_TESTS_LIMIT_S bounds the whole tests step (default 3000 s) so that a hang still
 # leaves its logs. nccltests needs nccl-tests v2.19.6 in NCCL_TESTS_SRC (default: .nccl-tests-src,
 # an ignored folder to `carry`).
@@ -249,23 +249,32 @@ for step in $steps; do
     # change, and the baseline is the working tree with UNIFAB_AB_PATCH reversed (make it with
     # `git diff BASE > ab.patch` in the repository root; it is ignored by git, so name it in the
     # device call's carry list).
-    patch_file="${UNIFAB_AB_PATCH:-$here/ab.patch}"
-    base_src=/tmp/unifab-ab-base
-    rm -rf "$base_src" && mkdir -p "$base_src"
-    (cd "$here" && tar --exclude='./build*' --exclude='./gpu-results' -cf - .) | tar -xf - -C "$base_src"
-    if ! (cd "$base_src" && patch -R -p1 -s <"$patch_file") >"$logs/ab-patch.log" 2>&1; then
-      say "ab: $patch_file does not reverse-apply to this tree"; cat "$logs/ab-patch.log"; failed=1; continue
-    fi
-    cmake -S "$base_src" -B "$base_src/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-      ${NCCL_HOME:+-DNCCL_HOME="$NCCL_HOME"} >"$logs/ab-build.log" 2>&1 &&
-      cmake --build "$base_src/build" -j "$(nproc)" --target unifab-bench >>"$logs/ab-build.log" 2>&1 ||
-      { say "ab: the baseline does not build"; tail -20 "$logs/ab-build.log"; failed=1; continue; }
+    # Several baselines at once: UNIFAB_AB_PATCH="NAME=FILE NAME=FILE ..." (a bare FILE is named
+    # base); each is the working tree with its patch reversed, and all run interleaved.
+    variants=()
+    for spec in ${UNIFAB_AB_PATCH:-$here/ab.patch}; do
+      name=base; patch_file="$spec"
+      [[ "$spec" == *=* ]] && { name="${spec%%=*}"; patch_file="${spec#*=}"; }
+      [[ "$patch_file" == /* ]] || patch_file="$here/$patch_file"
+      base_src="/tmp/unifab-ab-$name"
+      rm -rf "$base_src" && mkdir -p "$base_src"
+      (cd "$here" && tar --exclude='./build*' --exclude='./gpu-results' -cf - .) | tar -xf - -C "$base_src"
+      if ! (cd "$base_src" && patch -R -p1 -s <"$patch_file") >"$logs/ab-patch-$name.log" 2>&1; then
+        say "ab: $patch_file does not reverse-apply to this tree"; cat "$logs/ab-patch-$name.log"; failed=1; continue
+      fi
+      cmake -S "$base_src" -B "$base_src/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+        ${NCCL_HOME:+-DNCCL_HOME="$NCCL_HOME"} >"$logs/ab-build-$name.log" 2>&1 &&
+        cmake --build "$base_src/build" -j "$(nproc)" --target unifab-bench >>"$logs/ab-build-$name.log" 2>&1 ||
+        { say "ab: the baseline $name does not build"; tail -20 "$logs/ab-build-$name.log"; failed=1; continue; }
+      variants+=("$name")
+    done
+    [ ${#variants[@]} -eq 0 ] && continue
     ab_args="${UNIFAB_AB_ARGS:-ep --mode ht --sms 24 --ops dispatch,cached,empty --iters 30 --warmup 5}"
-    say "== ab: $ab_args, baseline (patch reversed) and change, interleaved, ${UNIFAB_AB_REPS:-3} repetitions"
+    say "== ab: $ab_args, baselines (${variants[*]}: patch reversed) and change, interleaved, ${UNIFAB_AB_REPS:-3} repetitions"
     for rep in $(seq 1 "${UNIFAB_AB_REPS:-3}"); do
       for dtype in ${UNIFAB_AB_DTYPES:-fp8 bf16}; do
-        for side in base change; do
-          binary="$bench"; [ $side = base ] && binary="$base_src/build/tests/bench/unifab-bench"
+        for side in "${variants[@]}" change; do
+          binary="$bench"; [ "$side" != change ] && binary="/tmp/unifab-ab-$side/build/tests/bench/unifab-bench"
           timeout 120 "$binary" $ab_args --dtype "$dtype" >"$logs/ab-$side-$dtype-$rep.txt" 2>&1 || failed=1
           grep -E "^  [a-z]" "$logs/ab-$side-$dtype-$rep.txt" | sed "s/^/$side $dtype rep $rep:/" | tee -a "$summary"
         done
