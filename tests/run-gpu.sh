@@ -276,7 +276,7 @@ for step in $steps; do
         for side in "${variants[@]}" change; do
           binary="$bench"; [ "$side" != change ] && binary="/tmp/unifab-ab-$side/build/tests/bench/unifab-bench"
           timeout 120 "$binary" $ab_args --dtype "$dtype" >"$logs/ab-$side-$dtype-$rep.txt" 2>&1 || failed=1
-          grep -E "^  [a-z]" "$logs/ab-$side-$dtype-$rep.txt" | sed "s/^/$side $dtype rep $rep:/" | tee -a "$summary"
+          grep -E "^ +([0-9]+ +)?[a-z]" "$logs/ab-$side-$dtype-$rep.txt" | sed "s/^/$side $dtype rep $rep:/" | tee -a "$summary"
         done
       done
     done

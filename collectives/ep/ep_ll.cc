@@ -99,7 +99,6 @@ Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
       set.rowCounter = carve.take<int>(v.numLocalExperts);
       set.rowOf = carve.take<int>(slots * v.topk);
       set.weightOf = carve.take<float>(slots * v.topk);
-      set.rowsReady = carve.take<uint64_t>(slots);
       set.tokenRanks = carve.take<uint64_t>(v.maxTokens);
     }
   }));

@@ -21,7 +21,6 @@ __device__ __forceinline__ size_t setOffset(const LlView& g, int set) {
   return g.layout.setBase + static_cast<size_t>(set) * g.layout.setBytes;
 }
 __device__ __forceinline__ WaitBounds bounds(const LlView& g) { return {g.error, g.hostError, g.timeoutNs}; }
-__device__ __forceinline__ bool timedOut(const LlView& g) { return kernels::timedOut(bounds(g), kErrorTimeout); }
 
 template <bool kPause, typename Ready>
 __device__ __forceinline__ bool waitUntil(const LlView& g, Ready ready) {
@@ -32,10 +31,54 @@ __device__ __forceinline__ bool waitUntil(const LlView& g, Ready ready) {
 // so that the warp leaves a loop of shuffles together.
 __device__ __forceinline__ bool warpAll(bool ok) { return __all_sync(0xffffffff, ok) != 0; }
 
-// Waits until the 64-bit word at `word` carries exactly `epoch`, then orders later reads after it.
+// Waits until the 64-bit word at `word` carries exactly `epoch`; every poll is an acquire, so that
+// the data the word releases is readable without another round trip once it is seen.
 __device__ __forceinline__ bool waitTag(const LlView& g, const uint64_t* word, uint64_t epoch) {
-  if (!waitUntil<true>(g, [&] { return loadRelaxed(word) == epoch; })) return false;
-  return loadAcquire(word) == epoch;
+  return waitUntil<true>(g, [&] { return loadAcquire(word) == epoch; });
+}
+
+// What a warp needs of the call before it writes anything: the epochs of the operation's two
+// phases, the epoch of the last send into the set, and whether the group has timed out. Lanes 0..3
+// each load one of the four words (loadStartWord), issued before the warp's first inputs so that
+// both are one round trip; every lane gets them all (epochsOf).
+struct LlEpochs {
+  uint64_t send, receive, lastUse;
+  bool timedOut;
+};
+
+__device__ __forceinline__ uint64_t loadStartWord(const LlView& g, const LlOpCounters* c, int set, int lane) {
+  if (lane == 3) return static_cast<uint64_t>(*reinterpret_cast<const volatile int*>(g.error));
+  const uint64_t* word = lane == 0 ? &c->send : lane == 1 ? &c->receive : &c->setUse[set];
+  return lane < 3 ? loadRelaxed(word) : 0;
+}
+
+__device__ __forceinline__ LlEpochs epochsOf(uint64_t startWord) {
+  return {__shfl_sync(0xffffffff, startWord, 0) + 1, __shfl_sync(0xffffffff, startWord, 1) + 1,
+          __shfl_sync(0xffffffff, startWord, 2), (__shfl_sync(0xffffffff, startWord, 3) & kErrorTimeout) != 0};
+}
+
+// Every block, once all its warps hold the call's epochs: false if the group has timed out (the
+// same answer in the whole block).
+__device__ __forceinline__ bool blockStarted(const LlEpochs& e) { return __syncthreads_or(e.timedOut) == 0; }
+
+// Thread 0 of every block after blockStarted, off the critical path: the last block to get there
+// records the send phase's epoch for the next call (no block of this call reads the counters again).
+__device__ __forceinline__ void sendCounted(const LlView& g, LlOpCounters* c, int set, uint64_t epoch) {
+  if (threadIdx.x != 0) return;
+  if (atomicAdd(&g.counters->finished[0], 1u) == gridDim.x - 1) {
+    g.counters->finished[0] = 0;
+    c->setUse[set] = epoch;
+    c->send = epoch;
+  }
+}
+
+// Lane d < nRanks (d < 32; more ranks are read when waited for): rank d's word saying up to which
+// send it has read `set` for `op` (0 dispatch, 1 combine). Loaded with the warp's first inputs.
+__device__ __forceinline__ const uint64_t* consumedWords(const LlView& g, int set, int op) {
+  return reinterpret_cast<const uint64_t*>(at(g, g.rank, g.layout.consumed)) + (static_cast<size_t>(set) * 2 + op) * g.nRanks;
+}
+__device__ __forceinline__ uint64_t loadConsumed(const LlView& g, int set, int op, int lane) {
+  return lane < g.nRanks ? loadRelaxed(consumedWords(g, set, op) + lane) : ~0ULL;
 }
 
 __device__ __forceinline__ char* messageAt(const LlView& g, int rank, int set, int source, int token) {
@@ -43,14 +86,20 @@ __device__ __forceinline__ char* messageAt(const LlView& g, int rank, int set, i
          (static_cast<size_t>(source) * g.maxTokens + token) * g.layout.messageBytes;
 }
 
-// Lane k < topk: the token's k-th expert as validated (an id outside -1..numExperts-1 raises the
-// error and counts as -1; an expert named again at a later slot counts once, at its first slot).
-__device__ __forceinline__ int tokenExpert(const LlView& g, const LlDispatchInput& in, int t, int lane) {
+// The k-th top-k entry of token t as given (-1 for k >= topk).
+__device__ __forceinline__ int64_t loadExpertId(const LlView& g, const LlDispatchInput& in, int t, int k) {
+  if (k >= g.topk) return -1;
+  const size_t index = static_cast<size_t>(t) * g.topk + k;
+  return in.topkIdxIs32 ? static_cast<int64_t>(static_cast<const int32_t*>(in.topkIdx)[index])
+                        : static_cast<const int64_t*>(in.topkIdx)[index];
+}
+
+// Lane k < topk holds the token's k-th entry: the expert as validated (an id outside
+// -1..numExperts-1 raises the error and counts as -1; an expert named again at a later slot counts
+// once, at its first slot).
+__device__ __forceinline__ int validExpert(const LlView& g, int64_t raw, int lane) {
   int id = -1;
   if (lane < g.topk) {
-    const size_t index = static_cast<size_t>(t) * g.topk + lane;
-    const int64_t raw = in.topkIdxIs32 ? static_cast<int64_t>(static_cast<const int32_t*>(in.topkIdx)[index])
-                                       : static_cast<const int64_t*>(in.topkIdx)[index];
     if (raw < -1 || raw >= g.numExperts) {
       raiseError(g.error, g.hostError, kErrorBadExpertId);
     } else {
@@ -61,6 +110,23 @@ __device__ __forceinline__ int tokenExpert(const LlView& g, const LlDispatchInpu
   const unsigned below = (1u << lane) - 1;
   if (id >= 0 && (same & below) != 0) id = -1;
   return id;
+}
+
+// The ranks that token t (< numTokens, else none) goes to, for one lane alone: eight entries'
+// loads in flight at a time.
+__device__ __forceinline__ uint64_t tokenRankMask(const LlView& g, const LlDispatchInput& in, int t) {
+  uint64_t mask = 0;
+  if (t >= in.numTokens) return mask;
+  for (int k0 = 0; k0 < g.topk; k0 += 8) {
+    int64_t raw[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) raw[k] = loadExpertId(g, in, t, k0 + k);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if (raw[k] >= 0 && raw[k] < g.numExperts) mask |= 1ULL << (static_cast<int>(raw[k]) / g.numLocalExperts);
+    }
+  }
+  return mask;
 }
 
 // The ranks of the warp's token (every lane gets the mask).
@@ -84,13 +150,13 @@ __device__ __forceinline__ uint2 toFp8x8(const float* v, float inverse) {
 }
 
 // Lanes of a warp, one per rank: until every rank has finished reading what this rank last wrote
-// into `set` for `op` (0 dispatch, 1 combine). Per warp, just before its first write into a peer's
-// set, so that the check overlaps the warp's own loads. The same answer in every lane.
-__device__ bool warpSetFree(const LlView& g, int set, int op, uint64_t lastUse, int lane) {
+// into `set` for `op`. Per warp, just before its first write into a peer's set; `seen` is the
+// lane's word as loadConsumed found it, usually already enough. The same answer in every lane.
+__device__ bool warpSetFree(const LlView& g, int set, int op, uint64_t lastUse, int lane, uint64_t seen) {
   bool ok = true;
-  const uint64_t* consumed = reinterpret_cast<const uint64_t*>(at(g, g.rank, g.layout.consumed)) +
-                             (static_cast<size_t>(set) * 2 + op) * g.nRanks;
+  const uint64_t* consumed = consumedWords(g, set, op);
   for (int d = lane; d < g.nRanks && ok; d += kWarp) {
+    if (d == lane && seen >= lastUse) continue;
     ok = waitUntil<false>(g, [&] { return loadRelaxed(consumed + d) >= lastUse; });
   }
   return warpAll(ok);
@@ -106,13 +172,37 @@ __device__ void releaseSet(const LlView& g, int set, int op, uint64_t epoch) {
 
 // ---- dispatch ---------------------------------------------------------------------------------
 
-__device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, uint64_t lastUse) {
+// A warp's inputs for one message part (item = token * parts + part): the part's BF16 values, and
+// lane k < topk's raw top-k entry and weight of the token. A warp's first part is loaded before
+// the call's epochs are known, in the same round trip.
+struct PartInput {
+  int4 raw[kVectorsPerLane];
+  int64_t id;
+  float weight;
+};
+
+__device__ __forceinline__ void loadPart(const LlView& g, const LlDispatchInput& in, int item, int lane, PartInput& part) {
+  const int parts = llParts(g.hidden);
+  const int t = item / parts, first = (item % parts) * kLlPartValues;
+  const int partValues = min(kLlPartValues, g.hidden - first);
+  const int4* src = reinterpret_cast<const int4*>(static_cast<const __nv_bfloat16*>(in.x) + static_cast<size_t>(t) * g.hidden + first);
+#pragma unroll
+  for (int i = 0; i < kVectorsPerLane; ++i) {
+    part.raw[i] = i * 256 + lane * 8 < partValues ? __ldg(src + i * kWarp + lane) : int4{0, 0, 0, 0};
+  }
+  part.id = loadExpertId(g, in, t, lane);
+  part.weight = lane < g.topk && in.topkWeights != nullptr ? in.topkWeights[static_cast<size_t>(t) * g.topk + lane] : 1.0f;
+}
+
+// The send phase of the warp `warp` of `warps`. `consumedSeen` (loadConsumed), `bitmapMask` (its
+// lane's tokenRankMask if warp < bitWords) and `part` (its first item's loadPart) were loaded with
+// the epochs.
+__device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set, const LlEpochs& e, int warp, int warps,
+                             uint64_t consumedSeen, uint64_t bitmapMask, PartInput& part) {
   const int lane = threadIdx.x % kWarp;
-  const int warp = blockIdx.x * kWarps + threadIdx.x / kWarp;
-  const int warps = gridDim.x * kWarps;
   bool setFree = false;
   auto mayWrite = [&] {
-    if (!setFree) setFree = warpSetFree(g, set, 0, lastUse, lane);
+    if (!setFree) setFree = warpSetFree(g, set, 0, e.lastUse, lane, consumedSeen);
     return setFree;
   };
   const LlSetLocal& local = g.sets[set];
@@ -122,23 +212,14 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   // that a receiver need not know how many tokens this rank has).
   for (int c = warp; c < g.layout.bitWords; c += warps) {
     const int t = c * kWarp + lane;
-    uint64_t mask = 0;
-    if (t < in.numTokens) {
-      // This lane's token alone: the warp-wide validation below runs per token.
-      for (int k = 0; k < g.topk; ++k) {
-        const size_t index = static_cast<size_t>(t) * g.topk + k;
-        const int64_t raw = in.topkIdxIs32 ? static_cast<int64_t>(static_cast<const int32_t*>(in.topkIdx)[index])
-                                           : static_cast<const int64_t*>(in.topkIdx)[index];
-        if (raw >= 0 && raw < g.numExperts) mask |= 1ULL << (static_cast<int>(raw) / g.numLocalExperts);
-      }
-    }
+    const uint64_t mask = c == warp ? bitmapMask : tokenRankMask(g, in, t);
     if (t < g.maxTokens) local.tokenRanks[t] = mask;
     if (!mayWrite()) return;
     for (int d = 0; d < g.nRanks; ++d) {
       const unsigned bits = __ballot_sync(0xffffffff, (mask >> d) & 1ULL);
       if (lane == d % kWarp) {
         uint64_t* word = reinterpret_cast<uint64_t*>(at(g, d, bitsOffset)) + static_cast<size_t>(g.rank) * g.layout.bitWords + c;
-        storeRelaxed(word, countWord(epoch, static_cast<int>(bits)));
+        storeRelaxed(word, countWord(e.send, static_cast<int>(bits)));
       }
     }
   }
@@ -146,20 +227,11 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   // Message parts: one warp per (token, part).
   const int parts = llParts(g.hidden);
   for (int item = warp; item < in.numTokens * parts; item += warps) {
+    if (item != warp) loadPart(g, in, item, lane, part);
     const int t = item / parts, p = item % parts;
     const int first = p * kLlPartValues;
     const int partValues = min(kLlPartValues, g.hidden - first);
-    // The part's values first: their loads overlap the routing's.
-    const int4* src = reinterpret_cast<const int4*>(static_cast<const __nv_bfloat16*>(in.x) + static_cast<size_t>(t) * g.hidden + first);
-    int4 raw[kVectorsPerLane];
-#pragma unroll
-    for (int i = 0; i < kVectorsPerLane; ++i) {
-      const bool valid = i * 256 + lane * 8 < partValues;
-      raw[i] = valid ? __ldg(src + i * kWarp + lane) : int4{0, 0, 0, 0};
-    }
-    const int id = tokenExpert(g, in, t, lane);
-    const float weight =
-        lane < g.topk && in.topkWeights != nullptr ? in.topkWeights[static_cast<size_t>(t) * g.topk + lane] : 1.0f;
+    const int id = validExpert(g, part.id, lane);
     const uint64_t ranks = ranksOf(g, id);
     if (ranks == 0) continue;
     uint2 quantized[kVectorsPerLane];
@@ -168,7 +240,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
 #pragma unroll
       for (int i = 0; i < kVectorsPerLane; ++i) {
         float v[8];
-        bf16x8ToFloat(raw[i], v);
+        bf16x8ToFloat(part.raw[i], v);
         float amax = 0.0f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
@@ -197,12 +269,12 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
           *reinterpret_cast<uint2*>(msg + value) = quantized[i];
           if (lane % 16 == 0) reinterpret_cast<float*>(msg + g.layout.scalesOffset)[value / kScaleBlock] = scale[i];
         } else {
-          *reinterpret_cast<int4*>(msg + static_cast<size_t>(value) * 2) = raw[i];
+          *reinterpret_cast<int4*>(msg + static_cast<size_t>(value) * 2) = part.raw[i];
         }
       }
       if (p == 0 && lane < g.topk) {
         reinterpret_cast<int*>(msg + g.layout.idsOffset)[lane] = id;
-        reinterpret_cast<float*>(msg + g.layout.weightsOffset)[lane] = weight;
+        reinterpret_cast<float*>(msg + g.layout.weightsOffset)[lane] = part.weight;
       }
     }
     // Every lane's writes, then the parts' tags (system scope: the reader is another GPU).
@@ -211,134 +283,137 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     if (lane == 0) {
       for (uint64_t m = ranks; m != 0; m &= m - 1) {
         const int d = __ffsll(static_cast<long long>(m)) - 1;
-        storeRelaxed(reinterpret_cast<uint64_t*>(messageAt(g, d, set, g.rank, t) + g.layout.tagsOffset) + p, epoch);
+        storeRelaxed(reinterpret_cast<uint64_t*>(messageAt(g, d, set, g.rank, t) + g.layout.tagsOffset) + p, e.send);
       }
     }
   }
 }
 
+// 16-byte vectors of a message a receiving warp holds at once: a whole FP8 row of hidden 7168
+// (448 vectors), half a BF16 one.
+constexpr int kReceiveVectorsPerLane = 16;
+
+// The receive phase: a warp per message slot (source rank, token), the slots dealt over the blocks
+// first (warp i of block b takes slot b + i * blocks), so that a few messages still spread over
+// many SMs. Once all of a message's part tags are in, the warp hands out the message's rows (a
+// counter per local expert), notes them for combine, and copies the payload into each row with
+// its loads in flight during the hand-out.
 __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch) {
   const int lane = threadIdx.x % kWarp;
-  const int warp = blockIdx.x * kWarps + threadIdx.x / kWarp;
+  const int warp = static_cast<int>(threadIdx.x / kWarp) * gridDim.x + blockIdx.x;
   const int warps = gridDim.x * kWarps;
   const LlSetLocal& local = g.sets[set];
   const int parts = llParts(g.hidden);
   const int valueBytes = in.fp8 ? 1 : 2;
   const size_t rowBytes = static_cast<size_t>(g.hidden) * valueBytes;
+  const int vectors = static_cast<int>(rowBytes / 16);
   const int scalesPerRow = g.hidden / kScaleBlock;
   const uint64_t* tokenBits = reinterpret_cast<const uint64_t*>(at(g, g.rank, setOffset(g, set) + g.layout.tokenBits));
   const int firstExpert = g.rank * g.numLocalExperts;
-  // Items in (source, token, part) order; a part other than 0 waits for its message's rows, which
-  // the part-0 item (a lower item, so never waiting on this one) hands out.
-  const int items = g.nRanks * g.maxTokens * parts;
-  for (int item = warp; item < items; item += warps) {
-    const int p = item % parts;
-    const int slot = item / parts;
+  for (int slot = warp; slot < g.nRanks * g.maxTokens; slot += warps) {
     const int s = slot / g.maxTokens, t = slot % g.maxTokens;
     const uint64_t* bitsWord = tokenBits + static_cast<size_t>(s) * g.layout.bitWords + t / kWarp;
-    if (!warpAll(waitUntil<true>(g, [&] { return countWordIsFrom(loadRelaxed(bitsWord), epoch); }))) return;
-    const unsigned bits = static_cast<unsigned>(countOf(loadRelaxed(bitsWord)));
+    uint64_t word = 0;
+    if (!warpAll(waitUntil<true>(g, [&] { return countWordIsFrom(word = loadRelaxed(bitsWord), epoch); }))) return;
     int* rowOf = local.rowOf + static_cast<size_t>(slot) * g.topk;
-    if (((bits >> (t % kWarp)) & 1u) == 0) {
-      if (p == 0 && lane < g.topk) rowOf[lane] = -1;  // no message: combine skips the slot
+    if (((static_cast<unsigned>(countOf(word)) >> (t % kWarp)) & 1u) == 0) {
+      if (lane < g.topk) rowOf[lane] = -1;  // no message: combine skips the slot
       continue;
     }
     const char* msg = messageAt(g, g.rank, set, s, t);
-    if (!warpAll(waitTag(g, reinterpret_cast<const uint64_t*>(msg + g.layout.tagsOffset) + p, epoch))) return;
-    // The part's bytes, loaded while the rows are handed out (part 0) or awaited (other parts).
-    const int first = p * kLlPartValues;
-    const int partValues = min(kLlPartValues, g.hidden - first);
-    const int partVectors = partValues * valueBytes / 16;
-    const int4* payload = reinterpret_cast<const int4*>(msg + static_cast<size_t>(first) * valueBytes);
-    int4 v[kVectorsPerLane];
+    const uint64_t* tags = reinterpret_cast<const uint64_t*>(msg + g.layout.tagsOffset);
+    bool ok = true;
+    for (int p = lane; p < parts && ok; p += kWarp) ok = waitTag(g, tags + p, epoch);
+    if (!warpAll(ok)) return;
+    __syncwarp();  // each lane's acquire of its parts orders every lane's reads below
+    const int4* payload = reinterpret_cast<const int4*>(msg);
+    int4 v[kReceiveVectorsPerLane];
+    auto loadChunk = [&](int c0) {
 #pragma unroll
-    for (int i = 0; i < kVectorsPerLane; ++i) {
-      v[i] = i * kWarp + lane < partVectors ? __ldcv(payload + i * kWarp + lane) : int4{0, 0, 0, 0};
-    }
-    const int partScales = partValues / kScaleBlock;
-    float scale = 0.0f;
-    if (in.fp8 && lane < partScales) {
-      scale = __ldcv(reinterpret_cast<const float*>(msg + g.layout.scalesOffset) + first / kScaleBlock + lane);
-    }
+      for (int i = 0; i < kReceiveVectorsPerLane; ++i) {
+        const int j = c0 + i * kWarp + lane;
+        if (j < vectors) v[i] = __ldcv(payload + j);
+      }
+    };
+    loadChunk(0);
+    const float firstScale = in.fp8 && lane < scalesPerRow ? __ldcv(reinterpret_cast<const float*>(msg + g.layout.scalesOffset) + lane) : 0.0f;
     int row = -1;
-    if (p == 0) {
-      if (lane < g.topk) {
-        const int id = __ldcv(reinterpret_cast<const int*>(msg + g.layout.idsOffset) + lane);
-        const float weight = __ldcv(reinterpret_cast<const float*>(msg + g.layout.weightsOffset) + lane);
-        if (id >= firstExpert && id < firstExpert + g.numLocalExperts) {
-          const int e = id - firstExpert;
-          row = e * g.expertStride + atomicAdd(local.rowCounter + e, 1);
-          local.recvSource[static_cast<size_t>(row) * 2] = s;
-          local.recvSource[static_cast<size_t>(row) * 2 + 1] = t;
-        }
-        rowOf[lane] = row;
-        local.weightOf[static_cast<size_t>(slot) * g.topk + lane] = weight;
+    if (lane < g.topk) {
+      const int id = __ldcv(reinterpret_cast<const int*>(msg + g.layout.idsOffset) + lane);
+      const float weight = __ldcv(reinterpret_cast<const float*>(msg + g.layout.weightsOffset) + lane);
+      if (id >= firstExpert && id < firstExpert + g.numLocalExperts) {
+        const int e = id - firstExpert;
+        row = e * g.expertStride + atomicAdd(local.rowCounter + e, 1);
+        local.recvSource[static_cast<size_t>(row) * 2] = s;
+        local.recvSource[static_cast<size_t>(row) * 2 + 1] = t;
       }
-      __syncwarp();
-      __threadfence();
-      if (lane == 0) *reinterpret_cast<volatile uint64_t*>(local.rowsReady + slot) = epoch;
-    } else {
-      const uint64_t* ready = local.rowsReady + slot;
-      if (!warpAll(waitUntil<true>(g, [&] { return *reinterpret_cast<const volatile uint64_t*>(ready) == epoch; }))) return;
-      __threadfence();
-      if (lane < g.topk) row = __ldcg(rowOf + lane);
+      rowOf[lane] = row;
+      local.weightOf[static_cast<size_t>(slot) * g.topk + lane] = weight;
     }
-    for (unsigned targets = __ballot_sync(0xffffffff, row >= 0); targets != 0; targets &= targets - 1) {
-      const int k = __ffs(targets) - 1;
-      const size_t to = static_cast<size_t>(__shfl_sync(0xffffffff, row, k));
-      int4* out = reinterpret_cast<int4*>(local.recvX + to * rowBytes + static_cast<size_t>(first) * valueBytes);
+    const unsigned targets = __ballot_sync(0xffffffff, row >= 0);
+    constexpr int kChunk = kReceiveVectorsPerLane * kWarp;
+    for (int c0 = 0; c0 < vectors; c0 += kChunk) {
+      if (c0 != 0) loadChunk(c0);
+      for (unsigned m = targets; m != 0; m &= m - 1) {
+        const size_t to = static_cast<size_t>(__shfl_sync(0xffffffff, row, __ffs(m) - 1));
+        int4* out = reinterpret_cast<int4*>(local.recvX + to * rowBytes);
 #pragma unroll
-      for (int i = 0; i < kVectorsPerLane; ++i) {
-        if (i * kWarp + lane < partVectors) out[i * kWarp + lane] = v[i];
+        for (int i = 0; i < kReceiveVectorsPerLane; ++i) {
+          const int j = c0 + i * kWarp + lane;
+          if (j < vectors) out[j] = v[i];
+        }
       }
-      if (in.fp8 && lane < partScales) local.recvScales[to * scalesPerRow + first / kScaleBlock + lane] = scale;
+    }
+    if (in.fp8) {
+      const float* scales = reinterpret_cast<const float*>(msg + g.layout.scalesOffset);
+      for (int i0 = 0; i0 < scalesPerRow; i0 += kWarp) {
+        const int i = i0 + lane;
+        const float scale = i0 < kWarp ? firstScale : i < scalesPerRow ? __ldcv(scales + i) : 0.0f;
+        for (unsigned m = targets; m != 0; m &= m - 1) {
+          const size_t to = static_cast<size_t>(__shfl_sync(0xffffffff, row, __ffs(m) - 1));
+          if (i < scalesPerRow) local.recvScales[to * scalesPerRow + i] = scale;
+        }
+      }
     }
   }
 }
 
-// The phases of one operation in one kernel: epochs read once at the start; each phase's last
-// block advances the phase's counter (and runs `received` after a receive phase).
-template <typename Send, typename Receive, typename Received>
-__device__ __forceinline__ void runPhases(const LlView& g, LlOpCounters* c, int set, bool send, bool receive,
-                                          Send sendPhase, Receive receivePhase, Received received) {
-  __shared__ uint64_t epochs[3];  // send, receive, the last send into `set`
-  if (threadIdx.x == 0) {
-    epochs[0] = c->send + 1;
-    epochs[1] = c->receive + 1;
-    epochs[2] = c->setUse[set];
-  }
-  __syncthreads();
-  if (timedOut(g)) return;
-  if (send) {
-    sendPhase(epochs[0], epochs[2]);
-    if (lastBlockToFinish<false>(&g.counters->finished[0]) && threadIdx.x == 0) {
-      c->setUse[set] = epochs[0];
-      c->send = epochs[0];
-    }
-  }
-  if (receive) {
-    receivePhase(epochs[1]);
-    if (lastBlockToFinish<false>(&g.counters->finished[1])) {
-      received(epochs[1]);
-      if (threadIdx.x == 0) c->receive = epochs[1];
-    }
-  }
-}
-
+// One dispatch kernel runs the send phase, the receive phase or both. Each warp loads its first
+// inputs and the call's epochs in one round trip; the send phase's epoch is recorded by the block
+// that gets there last, without a barrier between the phases; the receive phase's last block
+// publishes the per-expert counts and releases the set to its senders.
 __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDispatchInput in, int set, bool send,
                                                                 bool receive) {
-  runPhases(
-      g, &g.counters->dispatch, set, send, receive,
-      [&](uint64_t epoch, uint64_t lastUse) { dispatchSend(g, in, set, epoch, lastUse); },
-      [&](uint64_t epoch) { dispatchReceive(g, in, set, epoch); },
-      [&](uint64_t epoch) {
-        const LlSetLocal& local = g.sets[set];
-        for (int e = threadIdx.x; e < g.numLocalExperts; e += blockDim.x) {
-          local.recvCount[e] = __ldcg(local.rowCounter + e);
-          local.rowCounter[e] = 0;
-        }
-        releaseSet(g, set, 0, epoch);
-      });
+  const int lane = threadIdx.x % kWarp;
+  const int warp = blockIdx.x * kWarps + threadIdx.x / kWarp;
+  const int warps = gridDim.x * kWarps;
+  LlOpCounters* counters = &g.counters->dispatch;
+  const uint64_t startWord = loadStartWord(g, counters, set, lane);
+  uint64_t consumedSeen = 0, bitmapMask = 0;
+  PartInput part;
+  if (send) {
+    consumedSeen = loadConsumed(g, set, 0, lane);
+    if (warp < in.numTokens * llParts(g.hidden)) loadPart(g, in, warp, lane, part);
+    if (warp < g.layout.bitWords) bitmapMask = tokenRankMask(g, in, warp * kWarp + lane);
+  }
+  const LlEpochs e = epochsOf(startWord);
+  if (!blockStarted(e)) return;
+  if (send) {
+    dispatchSend(g, in, set, e, warp, warps, consumedSeen, bitmapMask, part);
+    sendCounted(g, counters, set, e.send);
+  }
+  if (receive) {
+    dispatchReceive(g, in, set, e.receive);
+    if (lastBlockToFinish<false>(&g.counters->finished[1])) {
+      const LlSetLocal& local = g.sets[set];
+      for (int x = threadIdx.x; x < g.numLocalExperts; x += blockDim.x) {
+        local.recvCount[x] = __ldcg(local.rowCounter + x);
+        local.rowCounter[x] = 0;
+      }
+      releaseSet(g, set, 0, e.receive);
+      if (threadIdx.x == 0) counters->receive = e.receive;
+    }
+  }
 }
 
 // ---- combine ----------------------------------------------------------------------------------
@@ -404,12 +479,23 @@ struct PartSum {
   }
 };
 
-__device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, uint64_t epoch, uint64_t lastUse) {
+// Lane k < topk: the row and weight of slot `slot`'s k-th expert (row -1: not ours, or no message).
+__device__ __forceinline__ void loadRowOf(const LlView& g, const LlCombineInput& in, int set, int slot, int lane, int& row,
+                                          float& weight) {
+  row = -1;
+  weight = 0.0f;
+  if (lane < g.topk) {
+    row = __ldcg(g.sets[set].rowOf + static_cast<size_t>(slot) * g.topk + lane);
+    weight = in.weighted ? __ldcg(g.sets[set].weightOf + static_cast<size_t>(slot) * g.topk + lane) : 1.0f;
+  }
+}
+
+// The send phase of warp `warp` of `warps`: items (slot, part) in order. `consumedSeen` and the
+// first item's `firstRow` / `firstWeight` (loadRowOf) were loaded with the epochs.
+__device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, const LlEpochs& e, int warp, int warps,
+                            uint64_t consumedSeen, int firstRow, float firstWeight) {
   const int lane = threadIdx.x % kWarp;
-  const int warp = blockIdx.x * kWarps + threadIdx.x / kWarp;
-  const int warps = gridDim.x * kWarps;
   bool setFree = false;
-  const LlSetLocal& local = g.sets[set];
   const int parts = llParts(g.hidden);
   const int vectors = g.hidden / 8;
   const int items = g.nRanks * g.maxTokens * parts;
@@ -417,12 +503,9 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     const int p = item % parts;
     const int slot = item / parts;
     const int s = slot / g.maxTokens, t = slot % g.maxTokens;
-    int row = -1;
-    float weight = 0.0f;
-    if (lane < g.topk) {
-      row = __ldcg(local.rowOf + static_cast<size_t>(slot) * g.topk + lane);
-      weight = in.weighted ? __ldcg(local.weightOf + static_cast<size_t>(slot) * g.topk + lane) : 1.0f;
-    }
+    int row = firstRow;
+    float weight = firstWeight;
+    if (item != warp) loadRowOf(g, in, set, slot, lane, row, weight);
     const unsigned rows = __ballot_sync(0xffffffff, row >= 0);
     if (rows == 0) continue;
     const int firstVector = p * kLlPartValues / 8;
@@ -444,22 +527,23 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
       const float w2 = __shfl_sync(0xffffffff, weight, k2);
       sum.add2<false>(outputs + r * vectors, w, outputs + r2 * vectors, w2, in.weighted);
     }
-    if (!setFree && !(setFree = warpSetFree(g, set, 1, lastUse, lane))) return;
+    if (!setFree && !(setFree = warpSetFree(g, set, 1, e.lastUse, lane, consumedSeen))) return;
     char* partials = at(g, s, setOffset(g, set) + g.layout.partials);
     sum.store(reinterpret_cast<int4*>(partials) + (static_cast<size_t>(g.rank) * g.maxTokens + t) * vectors + firstVector);
     __syncwarp();
     __threadfence_system();
     if (lane == 0) {
       uint64_t* tags = reinterpret_cast<uint64_t*>(at(g, s, setOffset(g, set) + g.layout.partialTags));
-      storeRelaxed(tags + (static_cast<size_t>(g.rank) * g.maxTokens + t) * parts + p, epoch);
+      storeRelaxed(tags + (static_cast<size_t>(g.rank) * g.maxTokens + t) * parts + p, e.send);
     }
   }
 }
 
-__device__ void combineReceive(const LlView& g, const LlCombineInput& in, int set, uint64_t epoch) {
+// The receive phase of warp `warp` of `warps`: items (token, part); `firstRanks` is the first
+// item's token's ranks, loaded with the epochs.
+__device__ void combineReceive(const LlView& g, const LlCombineInput& in, int set, uint64_t epoch, int warp, int warps,
+                               uint64_t firstRanks) {
   const int lane = threadIdx.x % kWarp;
-  const int warp = blockIdx.x * kWarps + threadIdx.x / kWarp;
-  const int warps = gridDim.x * kWarps;
   const LlSetLocal& local = g.sets[set];
   const int parts = llParts(g.hidden);
   const int vectors = g.hidden / 8;
@@ -468,7 +552,7 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
   for (int item = warp; item < in.numTokens * parts; item += warps) {
     const int p = item % parts;
     const int t = item / parts;
-    const uint64_t ranks = __ldcg(local.tokenRanks + t);
+    const uint64_t ranks = item == warp ? firstRanks : __ldcg(local.tokenRanks + t);
     const int firstVector = p * kLlPartValues / 8;
     PartSum sum(min(kLlPartValues, g.hidden - p * kLlPartValues) / 8, lane);
     // Ascending rank order: the sum's order is fixed. Two ranks' partials at a time.
@@ -489,13 +573,37 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
   }
 }
 
+// One combine kernel runs the send phase, the receive phase or both, started as the dispatch
+// kernel is; the receive phase's last block releases the set's partials to their senders.
 __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombineInput in, int set, bool send,
                                                                bool receive) {
-  runPhases(
-      g, &g.counters->combine, set, send, receive,
-      [&](uint64_t epoch, uint64_t lastUse) { combineSend(g, in, set, epoch, lastUse); },
-      [&](uint64_t epoch) { combineReceive(g, in, set, epoch); },
-      [&](uint64_t epoch) { releaseSet(g, set, 1, epoch); });
+  const int lane = threadIdx.x % kWarp;
+  const int warp = blockIdx.x * kWarps + threadIdx.x / kWarp;
+  const int warps = gridDim.x * kWarps;
+  const int parts = llParts(g.hidden);
+  LlOpCounters* counters = &g.counters->combine;
+  const uint64_t startWord = loadStartWord(g, counters, set, lane);
+  uint64_t consumedSeen = 0, firstRanks = 0;
+  int firstRow = -1;
+  float firstWeight = 0.0f;
+  if (send) {
+    consumedSeen = loadConsumed(g, set, 1, lane);
+    if (warp < g.nRanks * g.maxTokens * parts) loadRowOf(g, in, set, warp / parts, lane, firstRow, firstWeight);
+  }
+  if (receive && warp < in.numTokens * parts) firstRanks = __ldcg(g.sets[set].tokenRanks + warp / parts);
+  const LlEpochs e = epochsOf(startWord);
+  if (!blockStarted(e)) return;
+  if (send) {
+    combineSend(g, in, set, e, warp, warps, consumedSeen, firstRow, firstWeight);
+    sendCounted(g, counters, set, e.send);
+  }
+  if (receive) {
+    combineReceive(g, in, set, e.receive, warp, warps, firstRanks);
+    if (lastBlockToFinish<false>(&g.counters->finished[1])) {
+      releaseSet(g, set, 1, e.receive);
+      if (threadIdx.x == 0) counters->receive = e.receive;
+    }
+  }
 }
 
 }  // namespace

@@ -56,7 +56,6 @@ struct LlSetLocal {
   int* rowOf;           // [nRanks][maxTokens][topk]: row (e * expertStride + i) of message (s, t)'s
                         //   k-th expert, -1 where that expert is not ours or there is no message
   float* weightOf;      // [nRanks][maxTokens][topk]
-  uint64_t* rowsReady;  // [nRanks][maxTokens]: dispatch epoch whose rows of (s, t) are noted
   uint64_t* tokenRanks; // [maxTokens]: ranks each of this rank's tokens went to
 };
 
