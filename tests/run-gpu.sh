@@ -2,7 +2,7 @@
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
 # and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
-#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [nccltests] [tunesweep] [epsweep] [trace] [sanitize] [sweep] [ab]
+#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [nccltests] [tunesweep] [epsweep] [trace] [lltrace] [sanitize] [sweep] [ab]
 #   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
 # UNIFAB_TUNESWEEP_NETS / UNIFAB_TUNESWEEP_OPS limit the tunesweep step (it runs ~2 min per pair);
@@ -221,6 +221,16 @@ for step in $steps; do
         grep -E "^  (dispatch|combine)" "$logs/ep-trace-$dtype-$ops.txt" | sed "s/^/$dtype $ops: /" | tee -a "$summary"
         grep -o -E "EP trace rank [0-9]+: .*" "$logs/ep-trace-$dtype-$ops.txt" | grep -v "mean of 0)" | sed "s/^/  /" | tee -a "$summary"
       done
+    done
+    ;;
+  lltrace)
+    # Each low-latency combine call follows a full dispatch, so one run traces both operations.
+    say "== UNIFAB_EP_TRACE=1: low-latency phase ends (FP8 dispatch, BF16 combine; every call, warm-up included)"
+    for tokens in ${UNIFAB_LLTRACE_TOKENS:-1 128}; do
+      UNIFAB_EP_TRACE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "$bench" ep --mode ll --dtype fp8 --tokens "$tokens" \
+        --ops combine --iters 50 --warmup 10 >"$logs/ep-lltrace-$tokens.txt" 2>&1 || failed=1
+      grep -E "^ +[0-9]+ +[a-z]" "$logs/ep-lltrace-$tokens.txt" | tee -a "$summary"
+      grep -o -E "EP trace rank [0-9]+: LL.*" "$logs/ep-lltrace-$tokens.txt" | sort | sed "s/^/  /" | tee -a "$summary"
     done
     ;;
   sanitize)

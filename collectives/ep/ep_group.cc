@@ -284,16 +284,17 @@ unifabEpGroup::~unifabEpGroup() {
     onDevice = std::make_unique<unifab::collectives::DeviceGuard>(comm_->cudaDevice());
     UF_CUDA_WARN(cudaDeviceSynchronize());  // outstanding kernels of the group still use its memory
   }
-  if (view_.trace != nullptr) logTrace();
+  if (view_.trace != nullptr) logTrace(view_.trace, view_.rank);
+  if (llView_.trace != nullptr) logTrace(llView_.trace, llView_.rank);
   if (deviceMemory_ != nullptr) UF_CUDA_WARN(cudaFree(deviceMemory_));
   if (hostError_ != nullptr) UF_CUDA_WARN(cudaFreeHost(hostError_));
   if (hostCounts_ != nullptr) UF_CUDA_WARN(cudaFreeHost(hostCounts_));
   window_.reset();  // collective deregistration
 }
 
-void unifabEpGroup::logTrace() const {
+void unifabEpGroup::logTrace(const unsigned long long* deviceTrace, int rank) const {
   std::vector<unsigned long long> trace(kep::kTraceWords);
-  if (cudaMemcpy(trace.data(), view_.trace, trace.size() * sizeof(trace[0]), cudaMemcpyDeviceToHost) != cudaSuccess) {
+  if (cudaMemcpy(trace.data(), deviceTrace, trace.size() * sizeof(trace[0]), cudaMemcpyDeviceToHost) != cudaSuccess) {
     UF_WARN(kExt, "EP trace: could not read the trace buffer: %s", cudaGetErrorString(cudaGetLastError()));
     return;
   }
@@ -301,7 +302,11 @@ void unifabEpGroup::logTrace() const {
       "dispatch: epoch read", "dispatch: top-k entries loaded", "dispatch: masks known (thread 0)", "dispatch: token lists written",
       "dispatch: layout, words sent", "dispatch: count words in", "dispatch: receive counts", "dispatch: remote rows written",
       "dispatch: local rows written", "dispatch: peers' rows in", "combine: start handshake", "combine: partials sent",
-      "combine: last tokens helped", "combine: tokens reduced", "combine: last block done"};
+      "combine: last tokens helped", "combine: tokens reduced", "combine: last block done",
+      "LL dispatch: epochs and inputs", "LL dispatch: warp's tags sent", "LL dispatch: first message's tags in",
+      "LL dispatch: warp's messages copied", "LL dispatch: counts out, set freed", "LL combine: epochs and inputs",
+      "LL combine: warp's tags sent", "LL combine: first partials' tags in", "LL combine: warp's tokens summed",
+      "LL combine: set freed"};
   for (int p = 0; p < kep::kTracePoints; ++p) {
     const unsigned long long count = trace[kep::kTracePoints + p];
     if (count == 0) continue;
@@ -320,7 +325,7 @@ void unifabEpGroup::logTrace() const {
     const double last = medianUs(latest), first = medianUs(earliest);
     UF_INFO(kExt, kLogInit,
             "EP trace rank %d: %-30s %9.1f us after the call's start (mean of %llu), latest block %9.1f us, earliest "
-            "%9.1f us (medians of %zu calls)", view_.rank, names[p], static_cast<double>(trace[p]) / count / 1e3, count,
+            "%9.1f us (medians of %zu calls)", rank, names[p], static_cast<double>(trace[p]) / count / 1e3, count,
             last, first, latest.size());
   }
 }

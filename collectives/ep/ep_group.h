@@ -108,7 +108,7 @@ struct unifabEpGroup {
   unifab::Result initLowLatency(const unifab::kernels::ep::LlLayout& layout);
   unifab::Result validateLowLatencyDispatch(const unifabEpLowLatencyDispatchArgs_t& a, cudaStream_t stream,
                                             unifabEpHandle* receiving) const;
-  void logTrace() const;  // UNIFAB_EP_TRACE: mean phase ends over the group's calls
+  void logTrace(const unsigned long long* deviceTrace, int rank) const;  // UNIFAB_EP_TRACE: phase ends over the group's calls
 
   std::shared_ptr<unifab::collectives::DeviceComm> comm_;
   std::unique_ptr<unifab::collectives::SymmetricWindow> window_;

@@ -143,10 +143,34 @@ enum TracePoint : int {
   kTraceCombineHelped,        // each remote block: its share of the last tokens reduced
   kTraceCombineReduced,       // each reducing block: its tokens reduced
   kTraceCombineEnd,           // last block to finish
+  // Low-latency kernels (each warp records its own times, after its work, so that recording adds
+  // no round trip to the phases it measures):
+  kTraceLlDispatchStarted,    // each warp: its first inputs and the call's epochs loaded
+  kTraceLlDispatchSent,       // each sending warp: its last tags written
+  kTraceLlDispatchTagsIn,     // each receiving warp: a message's part tags all in (its first message)
+  kTraceLlDispatchReceived,   // each receiving warp: its last message copied
+  kTraceLlDispatchEnd,        // last block: counts published and the set released
+  kTraceLlCombineStarted,
+  kTraceLlCombineSent,
+  kTraceLlCombineTagsIn,      // each receiving warp: its first token's partials all in
+  kTraceLlCombineReceived,
+  kTraceLlCombineEnd,
   kTracePoints
 };
 constexpr int kTraceCalls = 256;
 constexpr int kTraceWords = 2 * kTracePoints + 2 * kTraceCalls * kTracePoints;
+
+#ifdef __CUDACC__
+// Records `point`, reached `since` nanoseconds after the call's start, into `trace` (one thread).
+__device__ __forceinline__ void traceRecord(unsigned long long* trace, TracePoint point, uint64_t epoch,
+                                            unsigned long long since) {
+  atomicAdd(trace + point, since);
+  atomicAdd(trace + kTracePoints + point, 1ULL);
+  const size_t slot = 2 * kTracePoints + (epoch % kTraceCalls) * kTracePoints + point;
+  atomicMax(trace + slot, since);
+  atomicMax(trace + kTraceCalls * kTracePoints + slot, ~since);  // the earliest, as its complement
+}
+#endif
 
 // Everything a kernel needs to address the group's memory.
 struct GroupView {

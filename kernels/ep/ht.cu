@@ -105,11 +105,7 @@ __device__ __forceinline__ void traceStamp(const GroupView& g, uint64_t* slot) {
 // block that never waited on block 0 may read the previous call's start: tracing is a diagnostic,
 // not a measurement of record).
 __device__ __forceinline__ void traceRecord(const GroupView& g, TracePoint point, uint64_t epoch, unsigned long long since) {
-  atomicAdd(g.trace + point, since);
-  atomicAdd(g.trace + kTracePoints + point, 1ULL);
-  const size_t slot = 2 * kTracePoints + (epoch % kTraceCalls) * kTracePoints + point;
-  atomicMax(g.trace + slot, since);
-  atomicMax(g.trace + kTraceCalls * kTracePoints + slot, ~since);  // the earliest, as its complement
+  ep::traceRecord(g.trace, point, epoch, since);
 }
 
 // Thread 0 of the calling block records `point`, reached now.

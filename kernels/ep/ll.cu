@@ -61,6 +61,36 @@ __device__ __forceinline__ LlEpochs epochsOf(uint64_t startWord) {
 // same answer in the whole block).
 __device__ __forceinline__ bool blockStarted(const LlEpochs& e) { return __syncthreads_or(e.timedOut) == 0; }
 
+// Tracing (UNIFAB_EP_TRACE): lane 0 of each warp keeps the global timer at each of its points
+// (0: not reached) and records them all after its work; block 0 stamps the kernel's start.
+struct LlWarpStamps {
+  uint64_t started = 0, sent = 0, tagsIn = 0, received = 0;
+};
+
+__device__ __forceinline__ uint64_t traceNow(const LlView& g) { return g.trace != nullptr ? globalTimerNs() : 0; }
+
+__device__ __forceinline__ void traceKernelStart(const LlView& g) {
+  if (g.trace != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    *reinterpret_cast<volatile uint64_t*>(&g.counters->traceStart) = globalTimerNs();
+  }
+}
+
+// `first` is the operation's kTraceLl*Started; the warp's points follow it in LlWarpStamps' order.
+__device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, uint64_t epoch, const LlWarpStamps& t) {
+  if (g.trace == nullptr || threadIdx.x % kWarp != 0) return;
+  const uint64_t start = *reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart);
+  const uint64_t at[] = {t.started, t.sent, t.tagsIn, t.received};
+  for (int i = 0; i < 4; ++i) {
+    if (at[i] > start) traceRecord(g.trace, static_cast<TracePoint>(first + i), epoch, at[i] - start);
+  }
+}
+
+__device__ __forceinline__ void traceEnd(const LlView& g, TracePoint point, uint64_t epoch) {
+  if (g.trace == nullptr || threadIdx.x != 0) return;
+  const uint64_t start = *reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart);
+  traceRecord(g.trace, point, epoch, globalTimerNs() - start);
+}
+
 // Thread 0 of every block after blockStarted, off the critical path: the last block to get there
 // records the send phase's epoch for the next call (no block of this call reads the counters again).
 __device__ __forceinline__ void sendCounted(const LlView& g, LlOpCounters* c, int set, uint64_t epoch) {
@@ -298,7 +328,7 @@ constexpr int kReceiveVectorsPerLane = 16;
 // many SMs. Once all of a message's part tags are in, the warp hands out the message's rows (a
 // counter per local expert), notes them for combine, and copies the payload into each row with
 // its loads in flight during the hand-out.
-__device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch) {
+__device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
   const int warp = static_cast<int>(threadIdx.x / kWarp) * gridDim.x + blockIdx.x;
   const int warps = gridDim.x * kWarps;
@@ -326,6 +356,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     for (int p = lane; p < parts && ok; p += kWarp) ok = waitTag(g, tags + p, epoch);
     if (!warpAll(ok)) return;
     __syncwarp();  // each lane's acquire of its parts orders every lane's reads below
+    if (stamps.tagsIn == 0) stamps.tagsIn = traceNow(g);
     const int4* payload = reinterpret_cast<const int4*>(msg);
     int4 v[kReceiveVectorsPerLane];
     auto loadChunk = [&](int c0) {
@@ -375,6 +406,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
         }
       }
     }
+    stamps.received = traceNow(g);
   }
 }
 
@@ -388,6 +420,8 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
   const int warp = blockIdx.x * kWarps + threadIdx.x / kWarp;
   const int warps = gridDim.x * kWarps;
   LlOpCounters* counters = &g.counters->dispatch;
+  traceKernelStart(g);
+  LlWarpStamps stamps;
   const uint64_t startWord = loadStartWord(g, counters, set, lane);
   uint64_t consumedSeen = 0, bitmapMask = 0;
   PartInput part;
@@ -397,13 +431,16 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
     if (warp < g.layout.bitWords) bitmapMask = tokenRankMask(g, in, warp * kWarp + lane);
   }
   const LlEpochs e = epochsOf(startWord);
+  stamps.started = traceNow(g);
   if (!blockStarted(e)) return;
   if (send) {
     dispatchSend(g, in, set, e, warp, warps, consumedSeen, bitmapMask, part);
+    if (warp < max(g.layout.bitWords, in.numTokens * llParts(g.hidden))) stamps.sent = traceNow(g);
     sendCounted(g, counters, set, e.send);
   }
+  if (receive) dispatchReceive(g, in, set, e.receive, stamps);
+  traceWarp(g, kTraceLlDispatchStarted, send ? e.send : e.receive, stamps);
   if (receive) {
-    dispatchReceive(g, in, set, e.receive);
     if (lastBlockToFinish<false>(&g.counters->finished[1])) {
       const LlSetLocal& local = g.sets[set];
       for (int x = threadIdx.x; x < g.numLocalExperts; x += blockDim.x) {
@@ -412,6 +449,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
       }
       releaseSet(g, set, 0, e.receive);
       if (threadIdx.x == 0) counters->receive = e.receive;
+      traceEnd(g, kTraceLlDispatchEnd, e.receive);
     }
   }
 }
@@ -542,7 +580,7 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
 // The receive phase of warp `warp` of `warps`: items (token, part); `firstRanks` is the first
 // item's token's ranks, loaded with the epochs.
 __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int set, uint64_t epoch, int warp, int warps,
-                               uint64_t firstRanks) {
+                               uint64_t firstRanks, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
   const LlSetLocal& local = g.sets[set];
   const int parts = llParts(g.hidden);
@@ -555,21 +593,31 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
     const uint64_t ranks = item == warp ? firstRanks : __ldcg(local.tokenRanks + t);
     const int firstVector = p * kLlPartValues / 8;
     PartSum sum(min(kLlPartValues, g.hidden - p * kLlPartValues) / 8, lane);
+    // Every partial's tag first, lane i polling the token's i-th rank (one round trip for all).
+    bool ok = true;
+    int i = 0;
+    for (uint64_t m = ranks; m != 0 && ok; m &= m - 1, ++i) {
+      if (i % kWarp != lane) continue;
+      const size_t from = static_cast<size_t>(__ffsll(static_cast<long long>(m)) - 1) * g.maxTokens + t;
+      ok = waitTag(g, tags + from * parts + p, epoch);
+    }
+    if (!warpAll(ok)) return;
+    __syncwarp();  // each lane's acquire orders every lane's reads below
+    if (stamps.tagsIn == 0) stamps.tagsIn = traceNow(g);
     // Ascending rank order: the sum's order is fixed. Two ranks' partials at a time.
     for (uint64_t m = ranks; m != 0;) {
       const size_t from = static_cast<size_t>(__ffsll(static_cast<long long>(m)) - 1) * g.maxTokens + t;
       m &= m - 1;
-      if (!warpAll(waitTag(g, tags + from * parts + p, epoch))) return;
       if (m == 0) {
         sum.add<true>(partials + from * vectors + firstVector, false, 1.0f);
         break;
       }
       const size_t from2 = static_cast<size_t>(__ffsll(static_cast<long long>(m)) - 1) * g.maxTokens + t;
       m &= m - 1;
-      if (!warpAll(waitTag(g, tags + from2 * parts + p, epoch))) return;
       sum.add2<true>(partials + from * vectors + firstVector, 1.0f, partials + from2 * vectors + firstVector, 1.0f, false);
     }
     sum.store(static_cast<int4*>(in.combinedX) + static_cast<size_t>(t) * vectors + firstVector);
+    stamps.received = traceNow(g);
   }
 }
 
@@ -582,6 +630,8 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombi
   const int warps = gridDim.x * kWarps;
   const int parts = llParts(g.hidden);
   LlOpCounters* counters = &g.counters->combine;
+  traceKernelStart(g);
+  LlWarpStamps stamps;
   const uint64_t startWord = loadStartWord(g, counters, set, lane);
   uint64_t consumedSeen = 0, firstRanks = 0;
   int firstRow = -1;
@@ -592,16 +642,20 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombi
   }
   if (receive && warp < in.numTokens * parts) firstRanks = __ldcg(g.sets[set].tokenRanks + warp / parts);
   const LlEpochs e = epochsOf(startWord);
+  stamps.started = traceNow(g);
   if (!blockStarted(e)) return;
   if (send) {
     combineSend(g, in, set, e, warp, warps, consumedSeen, firstRow, firstWeight);
+    if (warp < g.nRanks * g.maxTokens * parts) stamps.sent = traceNow(g);
     sendCounted(g, counters, set, e.send);
   }
+  if (receive) combineReceive(g, in, set, e.receive, warp, warps, firstRanks, stamps);
+  traceWarp(g, kTraceLlCombineStarted, send ? e.send : e.receive, stamps);
   if (receive) {
-    combineReceive(g, in, set, e.receive, warp, warps, firstRanks);
     if (lastBlockToFinish<false>(&g.counters->finished[1])) {
       releaseSet(g, set, 1, e.receive);
       if (threadIdx.x == 0) counters->receive = e.receive;
+      traceEnd(g, kTraceLlCombineEnd, e.receive);
     }
   }
 }

@@ -69,6 +69,7 @@ struct LlOpCounters {
 struct LlCounters {
   LlOpCounters dispatch, combine;
   unsigned finished[2];  // blocks done with the [send, receive] phase of the running kernel
+  uint64_t traceStart;   // global timer when block 0 started the running kernel (tracing only)
 };
 
 struct LlView {
@@ -81,6 +82,7 @@ struct LlView {
   int* error;
   int* hostError;
   uint64_t timeoutNs;
+  unsigned long long* trace;  // [kTraceWords] or null: UNIFAB_EP_TRACE (the kTraceLl* points)
 };
 
 struct LlDispatchInput {

@@ -69,6 +69,11 @@ size_t parseBytes(const std::string& text) {
   return static_cast<size_t>(value);
 }
 
+bool opSelected(const std::string& ops, const char* op) {
+  if (ops.empty()) return true;
+  return ("," + ops + ",").find("," + std::string(op) + ",") != std::string::npos;
+}
+
 std::string formatBytes(size_t bytes) {
   char text[32];
   if (bytes >= (size_t{1} << 30) && bytes % (size_t{1} << 30) == 0) {

@@ -21,6 +21,9 @@ struct Args {
 Args makeArgs(int argc, char** argv, int first);
 size_t parseBytes(const std::string& text);  // 4096, 64K, 1M, 1G
 std::string formatBytes(size_t bytes);
+
+// Whether `op` is in the comma-separated `ops` of an --ops option (empty: every op).
+bool opSelected(const std::string& ops, const char* op);
 double median(std::vector<double> values);
 double percentile(std::vector<double> values, double fraction);
 

@@ -28,11 +28,7 @@ struct EpRun {
   bool fp8, expertMajor;
   std::string csv;
   std::string ops;  // comma-separated subset of dispatch,empty,cached,combine,combine-input,nccl,ceiling; empty: all
-  bool wants(const char* op) const {
-    if (ops.empty()) return true;
-    const std::string list = "," + ops + ",";
-    return list.find("," + std::string(op) + ",") != std::string::npos;
-  }
+  bool wants(const char* op) const { return opSelected(ops, op); }
 };
 
 bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {

@@ -28,6 +28,8 @@ struct LlRun {
   int hidden, topk, experts, sms, iters, warmup;
   bool fp8;
   std::string csv;
+  std::string ops;  // comma-separated subset of dispatch,phases,combine,pair,nccl; empty: all
+  bool wants(const char* op) const { return opSelected(ops, op); }
 };
 
 struct LlRow {
@@ -105,20 +107,31 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
       t = OpTimes{};
     };
     const int iters = run.iters, warmup = run.warmup;
-    if (!timeOp(session, timer, iters, warmup, nothing, both, release, true, &t)) return false;
-    add("dispatch", dispatchRowBytes);
-    if (!timeOp(session, timer, iters, warmup, nothing, sendOnly, [&] { return receiveOnly() && release(); }, false, &t)) return false;
-    add("  send phase", dispatchRowBytes);
-    if (!timeOp(session, timer, iters, warmup, sendOnly, receiveOnly, release, false, &t)) return false;
-    add("  receive phase", 0);
-    if (!timeOp(session, timer, iters, warmup, both, combineBoth, release, false, &t)) return false;
-    add("combine", combineRowBytes);
-    if (!timeOp(session, timer, iters, warmup, both, combineSend, [&] { return combineReceive() && release(); }, false, &t)) return false;
-    add("  send phase", combineRowBytes);
-    if (!timeOp(session, timer, iters, warmup, [&] { return both() && combineSend(); }, combineReceive, release, false, &t)) return false;
-    add("  receive phase", 0);
-    if (!timeOp(session, timer, iters, warmup, nothing, [&] { return both() && combineBoth(); }, release, true, &t)) return false;
-    add("dispatch + combine", 0);
+    if (run.wants("dispatch")) {
+      if (!timeOp(session, timer, iters, warmup, nothing, both, release, true, &t)) return false;
+      add("dispatch", dispatchRowBytes);
+    }
+    if (run.wants("phases")) {
+      if (!timeOp(session, timer, iters, warmup, nothing, sendOnly, [&] { return receiveOnly() && release(); }, false, &t)) return false;
+      add("  send phase", dispatchRowBytes);
+      if (!timeOp(session, timer, iters, warmup, sendOnly, receiveOnly, release, false, &t)) return false;
+      add("  receive phase", 0);
+    }
+    if (run.wants("combine")) {
+      if (!timeOp(session, timer, iters, warmup, both, combineBoth, release, false, &t)) return false;
+      add("combine", combineRowBytes);
+    }
+    if (run.wants("phases")) {
+      if (!timeOp(session, timer, iters, warmup, both, combineSend, [&] { return combineReceive() && release(); }, false, &t)) return false;
+      add("  send phase", combineRowBytes);
+      if (!timeOp(session, timer, iters, warmup, [&] { return both() && combineSend(); }, combineReceive, release, false, &t)) return false;
+      add("  receive phase", 0);
+    }
+    if (run.wants("pair")) {
+      if (!timeOp(session, timer, iters, warmup, nothing, [&] { return both() && combineBoth(); }, release, true, &t)) return false;
+      add("dispatch + combine", 0);
+    }
+    if (!run.wants("nccl")) continue;
 
     // NCCL's grouped send/recv of the rows unifab moves: one per (token, destination rank).
     const int local = run.experts / env.nRanks;
@@ -205,6 +218,7 @@ int runEpLowLatency(Args& args, const char* self) {
   const std::string dtype = args.value("--dtype", "fp8");
   run.fp8 = dtype == "fp8";
   run.csv = args.value("--csv", "");
+  run.ops = args.value("--ops", "");
   std::string ranksText = args.value("--nranks", "0");
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench ep --mode ll: unknown argument '%s'\n", args.leftovers()[0].c_str());

@@ -31,7 +31,7 @@ void usage() {
       "        --sms N --iters N --warmup N [--csv FILE] [--ops dispatch,empty,cached,combine,combine-input,nccl,ceiling]\n"
       "        expert-parallel dispatch and combine, one process per GPU, with NCCL's all-to-all\n"
       "  ep    --mode ll --tokens LIST --hidden H --topk K --experts E --dtype fp8|bf16 --sms N --iters N\n"
-      "        low-latency dispatch and combine, phases apart, with NCCL's send/recv\n"
+      "        [--ops dispatch,phases,combine,pair,nccl]: low-latency dispatch and combine, phases apart, with NCCL's send/recv\n"
       "  pp    --min BYTES --max BYTES --factor F --chunk BYTES --inflight N --iters N [--csv FILE]\n"
       "        pipeline send/recv rank 0 -> 1 (no SM), with ncclSend/ncclRecv and the copy engine\n"
       "  engram --rows LIST --fetch BYTES --iters N [--csv FILE]\n"
