@@ -303,9 +303,10 @@ void unifabEpGroup::logTrace(const unsigned long long* deviceTrace, int rank) co
       "dispatch: layout, words sent", "dispatch: count words in", "dispatch: receive counts", "dispatch: remote rows written",
       "dispatch: local rows written", "dispatch: peers' rows in", "combine: start handshake", "combine: partials sent",
       "combine: last tokens helped", "combine: tokens reduced", "combine: last block done",
-      "LL dispatch: epochs and inputs", "LL dispatch: warp's tags sent", "LL dispatch: first message's tags in",
-      "LL dispatch: warp's messages copied", "LL dispatch: counts out, set freed", "LL combine: epochs and inputs",
-      "LL combine: warp's tags sent", "LL combine: first partials' tags in", "LL combine: warp's tokens summed",
+      "LL dispatch: epochs read", "LL dispatch: first part quantized", "LL dispatch: warp's stores fenced",
+      "LL dispatch: warp's tags sent", "LL dispatch: first message's tags in",
+      "LL dispatch: warp's messages copied", "LL dispatch: counts out, set freed", "LL combine: epochs read",
+      "LL combine: first rows summed", "LL combine: warp's stores fenced", "LL combine: warp's tags sent", "LL combine: first partials' tags in", "LL combine: warp's tokens summed",
       "LL combine: set freed"};
   for (int p = 0; p < kep::kTracePoints; ++p) {
     const unsigned long long count = trace[kep::kTracePoints + p];

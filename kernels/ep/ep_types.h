@@ -145,12 +145,16 @@ enum TracePoint : int {
   kTraceCombineEnd,           // last block to finish
   // Low-latency kernels (each warp records its own times, after its work, so that recording adds
   // no round trip to the phases it measures):
-  kTraceLlDispatchStarted,    // each warp: its first inputs and the call's epochs loaded
+  kTraceLlDispatchStarted,    // each warp: the call's epochs loaded (its first inputs were issued before)
+  kTraceLlDispatchLoaded,     // each sending warp: its first part's inputs arrived (quantized)
+  kTraceLlDispatchFenced,     // each sending warp: its last part's stores fenced
   kTraceLlDispatchSent,       // each sending warp: its last tags written
   kTraceLlDispatchTagsIn,     // each receiving warp: a message's part tags all in (its first message)
   kTraceLlDispatchReceived,   // each receiving warp: its last message copied
   kTraceLlDispatchEnd,        // last block: counts published and the set released
   kTraceLlCombineStarted,
+  kTraceLlCombineLoaded,      // each sending warp: its first item's expert rows summed
+  kTraceLlCombineFenced,
   kTraceLlCombineSent,
   kTraceLlCombineTagsIn,      // each receiving warp: its first token's partials all in
   kTraceLlCombineReceived,

@@ -63,11 +63,22 @@ __device__ __forceinline__ bool blockStarted(const LlEpochs& e) { return __synct
 
 // Tracing (UNIFAB_EP_TRACE): lane 0 of each warp keeps the global timer at each of its points
 // (0: not reached) and records them all after its work; block 0 stamps the kernel's start.
+// Stamps keep the timer's low 32 bits (differences within a call are far below 4 s).
 struct LlWarpStamps {
-  uint64_t started = 0, sent = 0, tagsIn = 0, received = 0;
+  uint32_t started = 0, loaded = 0, fenced = 0, sent = 0, tagsIn = 0, received = 0;
 };
 
-__device__ __forceinline__ uint64_t traceNow(const LlView& g) { return g.trace != nullptr ? globalTimerNs() : 0; }
+__device__ __forceinline__ uint32_t traceNow(const LlView& g) {
+  return g.trace != nullptr ? static_cast<uint32_t>(globalTimerNs()) | 1u : 0;  // never 0 when taken
+}
+
+// The same, taken only once `dependency` is computed (so that it times the loads behind it).
+__device__ __forceinline__ uint32_t traceNowAfter(const LlView& g, uint32_t dependency) {
+  if (g.trace == nullptr) return 0;
+  uint32_t now;
+  asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(now) : "r"(dependency));
+  return now | 1u;
+}
 
 __device__ __forceinline__ void traceKernelStart(const LlView& g) {
   if (g.trace != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
@@ -78,10 +89,13 @@ __device__ __forceinline__ void traceKernelStart(const LlView& g) {
 // `first` is the operation's kTraceLl*Started; the warp's points follow it in LlWarpStamps' order.
 __device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, uint64_t epoch, const LlWarpStamps& t) {
   if (g.trace == nullptr || threadIdx.x % kWarp != 0) return;
-  const uint64_t start = *reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart);
-  const uint64_t at[] = {t.started, t.sent, t.tagsIn, t.received};
-  for (int i = 0; i < 4; ++i) {
-    if (at[i] > start) traceRecord(g.trace, static_cast<TracePoint>(first + i), epoch, at[i] - start);
+  const uint32_t start = static_cast<uint32_t>(*reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart));
+  const uint32_t at[] = {t.started, t.loaded, t.fenced, t.sent, t.tagsIn, t.received};
+  for (int i = 0; i < 6; ++i) {
+    // A warp that entered before block 0 stamped the start reads as a wrapped (huge) difference.
+    if (at[i] != 0 && at[i] - start < (1u << 31)) {
+      traceRecord(g.trace, static_cast<TracePoint>(first + i), epoch, at[i] - start);
+    }
   }
 }
 
@@ -228,7 +242,7 @@ __device__ __forceinline__ void loadPart(const LlView& g, const LlDispatchInput&
 // lane's tokenRankMask if warp < bitWords) and `part` (its first item's loadPart) were loaded with
 // the epochs.
 __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set, const LlEpochs& e, int warp, int warps,
-                             uint64_t consumedSeen, uint64_t bitmapMask, PartInput& part) {
+                             uint64_t consumedSeen, uint64_t bitmapMask, PartInput& part, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
   bool setFree = false;
   auto mayWrite = [&] {
@@ -287,6 +301,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
         quantized[i] = toFp8x8(v, __frcp_rn(s));
       }
     }
+    if (stamps.loaded == 0) stamps.loaded = traceNowAfter(g, in.fp8 ? quantized[0].x : part.raw[0].x + part.raw[0].w);
     if (!mayWrite()) return;
     for (uint64_t m = ranks; m != 0; m &= m - 1) {
       const int d = __ffsll(static_cast<long long>(m)) - 1;
@@ -310,6 +325,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     // Every lane's writes, then the parts' tags (system scope: the reader is another GPU).
     __syncwarp();
     __threadfence_system();
+    stamps.fenced = traceNow(g);
     if (lane == 0) {
       for (uint64_t m = ranks; m != 0; m &= m - 1) {
         const int d = __ffsll(static_cast<long long>(m)) - 1;
@@ -434,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
   stamps.started = traceNow(g);
   if (!blockStarted(e)) return;
   if (send) {
-    dispatchSend(g, in, set, e, warp, warps, consumedSeen, bitmapMask, part);
+    dispatchSend(g, in, set, e, warp, warps, consumedSeen, bitmapMask, part, stamps);
     if (warp < max(g.layout.bitWords, in.numTokens * llParts(g.hidden))) stamps.sent = traceNow(g);
     sendCounted(g, counters, set, e.send);
   }
@@ -531,7 +547,7 @@ __device__ __forceinline__ void loadRowOf(const LlView& g, const LlCombineInput&
 // The send phase of warp `warp` of `warps`: items (slot, part) in order. `consumedSeen` and the
 // first item's `firstRow` / `firstWeight` (loadRowOf) were loaded with the epochs.
 __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, const LlEpochs& e, int warp, int warps,
-                            uint64_t consumedSeen, int firstRow, float firstWeight) {
+                            uint64_t consumedSeen, int firstRow, float firstWeight, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
   bool setFree = false;
   const int parts = llParts(g.hidden);
@@ -565,11 +581,13 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
       const float w2 = __shfl_sync(0xffffffff, weight, k2);
       sum.add2<false>(outputs + r * vectors, w, outputs + r2 * vectors, w2, in.weighted);
     }
+    if (stamps.loaded == 0) stamps.loaded = traceNowAfter(g, __float_as_uint(sum.acc[0][0]));
     if (!setFree && !(setFree = warpSetFree(g, set, 1, e.lastUse, lane, consumedSeen))) return;
     char* partials = at(g, s, setOffset(g, set) + g.layout.partials);
     sum.store(reinterpret_cast<int4*>(partials) + (static_cast<size_t>(g.rank) * g.maxTokens + t) * vectors + firstVector);
     __syncwarp();
     __threadfence_system();
+    stamps.fenced = traceNow(g);
     if (lane == 0) {
       uint64_t* tags = reinterpret_cast<uint64_t*>(at(g, s, setOffset(g, set) + g.layout.partialTags));
       storeRelaxed(tags + (static_cast<size_t>(g.rank) * g.maxTokens + t) * parts + p, e.send);
@@ -645,7 +663,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombi
   stamps.started = traceNow(g);
   if (!blockStarted(e)) return;
   if (send) {
-    combineSend(g, in, set, e, warp, warps, consumedSeen, firstRow, firstWeight);
+    combineSend(g, in, set, e, warp, warps, consumedSeen, firstRow, firstWeight, stamps);
     if (warp < g.nRanks * g.maxTokens * parts) stamps.sent = traceNow(g);
     sendCounted(g, counters, set, e.send);
   }
