@@ -17,6 +17,11 @@ __device__ __forceinline__ void storeRelease(uint64_t* address, uint64_t value) 
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
 }
 
+// Orders this thread's earlier accesses, and those of threads it synchronised with (a warp or
+// block barrier), before its later ones at system scope: the release half of a flag protocol.
+// Lighter than __threadfence_system(), which is a sequentially consistent fence.
+__device__ __forceinline__ void fenceAcqRelSystem() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
 // Single-copy atomic 64-bit accesses with no ordering: for words that carry their own epoch.
 __device__ __forceinline__ void storeRelaxed(uint64_t* address, uint64_t value) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");

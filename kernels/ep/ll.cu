@@ -324,9 +324,9 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     }
     // Every lane's writes, then the parts' tags (system scope: the reader is another GPU).
     __syncwarp();
-    __threadfence_system();
-    stamps.fenced = traceNow(g);
     if (lane == 0) {
+      fenceAcqRelSystem();
+      stamps.fenced = traceNow(g);
       for (uint64_t m = ranks; m != 0; m &= m - 1) {
         const int d = __ffsll(static_cast<long long>(m)) - 1;
         storeRelaxed(reinterpret_cast<uint64_t*>(messageAt(g, d, set, g.rank, t) + g.layout.tagsOffset) + p, e.send);
@@ -585,10 +585,10 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     if (!setFree && !(setFree = warpSetFree(g, set, 1, e.lastUse, lane, consumedSeen))) return;
     char* partials = at(g, s, setOffset(g, set) + g.layout.partials);
     sum.store(reinterpret_cast<int4*>(partials) + (static_cast<size_t>(g.rank) * g.maxTokens + t) * vectors + firstVector);
-    __syncwarp();
-    __threadfence_system();
-    stamps.fenced = traceNow(g);
+    __syncwarp();  // every lane's writes, then lane 0's release and tag
     if (lane == 0) {
+      fenceAcqRelSystem();
+      stamps.fenced = traceNow(g);
       uint64_t* tags = reinterpret_cast<uint64_t*>(at(g, s, setOffset(g, set) + g.layout.partialTags));
       storeRelaxed(tags + (static_cast<size_t>(g.rank) * g.maxTokens + t) * parts + p, e.send);
     }
