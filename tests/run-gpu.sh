@@ -188,6 +188,7 @@ for step in $steps; do
   tunesweep)
     # ~1.6 s per configuration run: 22 configurations x 3 repetitions is ~2 min per collective and
     # net, so a 10-minute device call takes a subset (UNIFAB_TUNESWEEP_NETS, UNIFAB_TUNESWEEP_OPS).
+    # Configurations are forced through the tuner (a rule file each, --force tuner): what a tuner can choose.
     say "== unifab-bench tune-sweep: forced NCCL configurations against the tuner and NCCL's default"
     for net in ${UNIFAB_TUNESWEEP_NETS:-nvlink unifab}; do
       "$bench" tune-sweep --net $net --ops "${UNIFAB_TUNESWEEP_OPS:-all_reduce,all_gather,reduce_scatter}" \

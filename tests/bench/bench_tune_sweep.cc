@@ -1,7 +1,12 @@
 // unifab-bench tune-sweep: every algorithm x protocol x channel count NCCL accepts for a
-// collective, forced one at a time (NCCL_ALGO, NCCL_PROTO, NCCL_MIN/MAX_NCHANNELS, no tuner
-// plugin), next to NCCL's default choice and unifab's tuner, each a run of `unifab-bench coll`
-// over all local GPUs. The default and the tuner also run with the largest swept channel count
+// collective, forced one at a time, next to NCCL's default choice and unifab's tuner, each a run
+// of `unifab-bench coll` over all local GPUs. Two ways to force (--force):
+//  - tuner (default): through unifab's tuner, a one-rule UNIFAB_TUNER_CONFIG file per
+//    configuration, with the most swept channels built at init (NCCL_MIN_NCHANNELS): exactly the
+//    choices a tuner has, from the same initialisation as "tuner+b", the fair bar for it;
+//  - env: NCCL_ALGO, NCCL_PROTO and NCCL_MIN/MAX_NCHANNELS with no tuner plugin, which also
+//    changes what NCCL sets up at init (an LL-only communicator allocates no other buffers), so
+//    its times can be out of any tuner's reach. The default and the tuner also run with the largest swept channel count
 // built at init (NCCL_MIN_NCHANNELS): a tuner cannot use more channels than NCCL built, so that is
 // the setup in which every forced configuration is within its reach. The whole list runs --reps
 // times, interleaved (these shared machines drift from minute to minute), and each
@@ -12,6 +17,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -47,6 +53,13 @@ std::vector<std::string> algorithmsFor(const std::string& op) {
   return {"Ring", "PAT"};  // PAT only where NCCL accepts it (one GPU per node): a refused run is skipped
 }
 
+// The rule file's names (tuner/rules.h) for the sweep's op and NCCL_ALGO/NCCL_PROTO spellings.
+std::string ruleName(std::string name) {
+  name.erase(std::remove(name.begin(), name.end(), '_'), name.end());
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return name;
+}
+
 // time_us per size from a `coll` CSV (bytes -> microseconds); empty when the run failed.
 std::map<size_t, double> readTimes(const std::string& path) {
   std::map<size_t, double> times;
@@ -77,9 +90,14 @@ int runTuneSweep(Args& args, const char* self) {
   const int reps = std::max(1, atoi(args.value("--reps", "3").c_str()));
   const std::string net = args.value("--net", "nvlink");
   const std::string out = args.value("--out", "tune-sweep");
+  const std::string force = args.value("--force", "tuner");
   const int nRanks = atoi(args.value("--nranks", "0").c_str());
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench tune-sweep: unknown argument '%s'\n", args.leftovers()[0].c_str());
+    return 2;
+  }
+  if (force != "tuner" && force != "env") {
+    fprintf(stderr, "unifab-bench tune-sweep: --force is tuner (a rule file per configuration) or env (NCCL_ALGO/PROTO)\n");
     return 2;
   }
   const std::string library = unifabLibraryPath();
@@ -125,11 +143,35 @@ int runTuneSweep(Args& args, const char* self) {
                          {"NCCL_TUNER_PLUGIN=" + library, "NCCL_MIN_NCHANNELS=" + mostChannels}, false});
     }
     for (const std::string& algo : algorithmsFor(op)) {
+      if (force == "tuner" && algo == "PAT") {
+        // NCCL rules PAT out with several GPUs per node, and the tuner then falls back to its model
+        // (the rule is skipped), so the run would not be the configuration it is named after.
+        printf("# %s: PAT is not forced through the tuner on one node (NCCL rules it out)\n", op.c_str());
+        continue;
+      }
       for (const std::string& proto : protocols) {
         for (const std::string& c : channels) {
-          configs.push_back({algo + "-" + proto + "-" + c,
-                             {"NCCL_TUNER_PLUGIN=none", "NCCL_ALGO=" + algo, "NCCL_PROTO=" + proto,
-                              "NCCL_MIN_NCHANNELS=" + c, "NCCL_MAX_NCHANNELS=" + c},
+          const std::string label = algo + "-" + proto + "-" + c;
+          if (force == "env") {
+            configs.push_back({label,
+                               {"NCCL_TUNER_PLUGIN=none", "NCCL_ALGO=" + algo, "NCCL_PROTO=" + proto,
+                                "NCCL_MIN_NCHANNELS=" + c, "NCCL_MAX_NCHANNELS=" + c},
+                               true});
+            continue;
+          }
+          const std::string rules = out + "/" + op + "." + label + ".rules";
+          FILE* file = fopen(rules.c_str(), "w");
+          if (file == nullptr) {
+            fprintf(stderr, "unifab-bench tune-sweep: cannot write %s\n", rules.c_str());
+            fclose(summary);
+            return 1;
+          }
+          fprintf(file, "%s,0,%s,%s,%s,%s,-1,-1\n", ruleName(op).c_str(), "1024G", ruleName(algo).c_str(),
+                  ruleName(proto).c_str(), c.c_str());
+          fclose(file);
+          configs.push_back({label,
+                             {"NCCL_TUNER_PLUGIN=" + library, "UNIFAB_TUNER_CONFIG=" + rules,
+                              "NCCL_MIN_NCHANNELS=" + mostChannels},
                              true});
         }
       }
@@ -174,7 +216,8 @@ int runTuneSweep(Args& args, const char* self) {
     }
     printf("# %s over %s: best forced configuration per size, and unifab's tuner and NCCL's default against it\n",
            op.c_str(), net.c_str());
-    printf("# (median over %d repetitions; \"built\": %s channels built at init)\n", reps, mostChannels.c_str());
+    printf("# (median over %d repetitions; \"built\": %s channels built at init; configurations forced %s)\n", reps,
+           mostChannels.c_str(), force == "tuner" ? "through the tuner with them built" : "by NCCL_ALGO/NCCL_PROTO");
     printf("# %12s %-20s %10s %10s %8s %10s %8s %10s %8s %10s %8s\n", "bytes", "best", "best(us)", "tuner(us)", "gap",
            "default", "gap", "tuner+b", "gap", "default+b", "gap");
     const std::map<size_t, double>& tuner = results["unifab-tuner"];

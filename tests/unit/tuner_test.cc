@@ -279,6 +279,21 @@ TEST(Tuner, RuleNamingAnUnusableEntryFallsBackToTheModel) {
   EXPECT_EQ(channels, 0);
 }
 
+// The one-rule files `unifab-bench tune-sweep --force tuner` writes per configuration.
+TEST(Rules, ParsesTheSweepsForcingRule) {
+  Rule rule;
+  bool isRule = false;
+  std::string error;
+  ASSERT_TRUE(parseRuleLine("reducescatter,0,1024G,ring,ll128,32,-1,-1", &rule, &isRule, &error)) << error;
+  EXPECT_TRUE(isRule);
+  EXPECT_EQ(rule.collective, kReduceScatter);
+  EXPECT_EQ(rule.maxBytes, int64_t{1024} << 30);
+  EXPECT_EQ(rule.algorithm, kRing);
+  EXPECT_EQ(rule.protocol, kLL128);
+  EXPECT_EQ(rule.channels, 32);
+  EXPECT_TRUE(rule.matches(kReduceScatter, size_t{1} << 30, 1, 2, 1, 0));
+}
+
 TEST(Rules, ParsesNcclExampleFormat) {
   Rule rule;
   bool isRule = false;
