@@ -162,6 +162,13 @@ Result unifabEpGroup::validateLowLatencyDispatch(const unifabEpLowLatencyDispatc
                     "%d low-latency dispatches await their receive phase: complete one before the next send",
                     kep::kLlSets);
   }
+  // Receive phases complete sends in order, so a call that receives its own send cannot run while
+  // an earlier send awaits its receive (it would wait for data it never reads).
+  if (rawEnum(a.phase) == unifabEpSendAndReceive && llDispatchSends_ != llDispatchReceives_) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "dispatch #%llu awaits its receive phase: complete it (phase unifabEpReceiveOnly) before a "
+                    "send-and-receive dispatch", static_cast<unsigned long long>(llDispatchReceives_ + 1));
+  }
   return unifabSuccess;
 }
 
@@ -255,6 +262,11 @@ Result unifabEpGroup::lowLatencyCombine(unifabEpHandle* h, const unifabEpLowLate
   const bool send = a.phase != unifabEpReceiveOnly;
   const bool receive = a.phase != unifabEpSendOnly;
   if (send && h->combineSent) return UF_ERROR(unifabInvalidUsage, kExt, "the handle's combine was already sent");
+  if (send && receive && llCombineSends_ != llCombineReceives_) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "combine #%llu awaits its receive phase: complete it (phase unifabEpReceiveOnly) before a "
+                    "send-and-receive combine", static_cast<unsigned long long>(llCombineReceives_ + 1));
+  }
   if (!send && (!h->combineSent || h->combineReceived)) {
     return UF_ERROR(unifabInvalidUsage, kExt, "a receive-only combine needs a handle whose combine was sent, not received");
   }

@@ -197,6 +197,8 @@ UNIFAB_API unifabResult_t unifabEpHandleDestroy(unifabEpHandle_t handle);
  * none synchronises the host: every call can be captured in a CUDA graph. A call can run both of
  * its phases, or only one: the send phase returns once its writes are issued, the caller's stream
  * may then run other work, and the receive phase (a later call with the same handle) completes it.
+ * Receive phases complete sends in send order: a send-and-receive call is refused
+ * (unifabInvalidUsage) while an earlier send of the same operation awaits its receive phase.
  * Two buffer sets are used alternately, so the results of the latest two dispatches stay valid;
  * a third dispatch reuses the first one's set. Every wait on a peer is bounded by
  * UNIFAB_EP_TIMEOUT_MS and reported through unifabEpGetAsyncError. */

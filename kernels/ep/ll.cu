@@ -72,7 +72,8 @@ __device__ __forceinline__ uint32_t traceNow(const LlView& g) {
   return g.trace != nullptr ? static_cast<uint32_t>(globalTimerNs()) | 1u : 0;  // never 0 when taken
 }
 
-// The same, taken only once `dependency` is computed (so that it times the loads behind it).
+// The same, taken once `dependency` is computed (to time the loads behind it); ptxas may still
+// issue the timer read a little earlier, so such a stamp is a lower bound.
 __device__ __forceinline__ uint32_t traceNowAfter(const LlView& g, uint32_t dependency) {
   if (g.trace == nullptr) return 0;
   uint32_t now;
@@ -92,7 +93,8 @@ __device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, uin
   const uint32_t start = static_cast<uint32_t>(*reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart));
   const uint32_t at[] = {t.started, t.loaded, t.fenced, t.sent, t.tagsIn, t.received};
   for (int i = 0; i < 6; ++i) {
-    // A warp that entered before block 0 stamped the start reads as a wrapped (huge) difference.
+    // A warp that gets here before block 0 stamped this call's start reads the previous call's
+    // start (an inflated time; tracing is a diagnostic), or a wrapped difference, left out.
     if (at[i] != 0 && at[i] - start < (1u << 31)) {
       traceRecord(g.trace, static_cast<TracePoint>(first + i), epoch, at[i] - start);
     }
@@ -109,6 +111,7 @@ __device__ __forceinline__ void traceEnd(const LlView& g, TracePoint point, uint
 // records the send phase's epoch for the next call (no block of this call reads the counters again).
 __device__ __forceinline__ void sendCounted(const LlView& g, LlOpCounters* c, int set, uint64_t epoch) {
   if (threadIdx.x != 0) return;
+  __threadfence();  // the block's reads of the counters (done before blockStarted), before its arrival
   if (atomicAdd(&g.counters->finished[0], 1u) == gridDim.x - 1) {
     g.counters->finished[0] = 0;
     c->setUse[set] = epoch;

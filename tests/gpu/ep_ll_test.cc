@@ -338,6 +338,10 @@ bool runRefusals(NcclSession& session, unifabEpGroup_t group, const Shape& shape
   check(unifabEpLowLatencyCombine(group, first, &cargs, session.stream()) == unifabInvalidUsage,
         "combine before the dispatch's receive phase is refused");
   TEST_UNIFAB_CHECK(unifabEpLowLatencyDispatch(group, &args, session.stream(), &first, nullptr));
+  args.phase = unifabEpSendAndReceive;
+  check(unifabEpLowLatencyDispatch(group, &args, session.stream(), &third, &result) == unifabInvalidUsage,
+        "a send-and-receive dispatch while a send awaits its receive is refused");
+  args.phase = unifabEpReceiveOnly;
   TEST_UNIFAB_CHECK(unifabEpLowLatencyDispatch(group, &args, session.stream(), &second, nullptr));
   // A third dispatch reuses the first one's set: its combine is then refused.
   args.phase = unifabEpSendAndReceive;
@@ -347,6 +351,14 @@ bool runRefusals(NcclSession& session, unifabEpGroup_t group, const Shape& shape
   cargs.expertOutput = nullptr;
   check(unifabEpLowLatencyCombine(group, second, &cargs, session.stream()) == unifabInvalidArgument,
         "combine without expert outputs is refused");
+  cargs.expertOutput = layer.expertOut;
+  cargs.phase = unifabEpSendOnly;
+  TEST_UNIFAB_CHECK(unifabEpLowLatencyCombine(group, second, &cargs, session.stream()));
+  cargs.phase = unifabEpSendAndReceive;
+  check(unifabEpLowLatencyCombine(group, third, &cargs, session.stream()) == unifabInvalidUsage,
+        "a send-and-receive combine while a combine awaits its receive is refused");
+  cargs.phase = unifabEpReceiveOnly;
+  TEST_UNIFAB_CHECK(unifabEpLowLatencyCombine(group, second, &cargs, session.stream()));
   TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
   check(unifabEpGetAsyncError(group) == unifabSuccess, "refused calls leave the group usable");
   for (unifabEpHandle_t handle : {first, second, third}) TEST_UNIFAB_CHECK(unifabEpHandleDestroy(handle));
