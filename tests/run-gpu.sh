@@ -291,6 +291,7 @@ for step in $steps; do
         done
       done
     done
+    python3 "$here/tests/bench/ab_table.py" "$summary" >"$logs/ab-table.txt" && tee -a "$summary" <"$logs/ab-table.txt"
     ;;
   *) echo "unknown step $step"; failed=1 ;;
   esac
