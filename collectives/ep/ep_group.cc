@@ -298,7 +298,7 @@ void unifabEpGroup::logTrace(const unsigned long long* deviceTrace, int rank) co
     UF_WARN(kExt, "EP trace: could not read the trace buffer: %s", cudaGetErrorString(cudaGetLastError()));
     return;
   }
-  static const char* const names[kep::kTracePoints] = {
+  static const char* const names[] = {
       "dispatch: epoch read", "dispatch: top-k entries loaded", "dispatch: masks known (thread 0)", "dispatch: token lists written",
       "dispatch: layout, words sent", "dispatch: count words in", "dispatch: receive counts", "dispatch: remote rows written",
       "dispatch: local rows written", "dispatch: peers' rows in", "combine: start handshake", "combine: partials sent",
@@ -308,6 +308,7 @@ void unifabEpGroup::logTrace(const unsigned long long* deviceTrace, int rank) co
       "LL dispatch: warp's messages copied", "LL dispatch: counts out, set freed", "LL combine: epochs read",
       "LL combine: first rows summed", "LL combine: warp's stores fenced", "LL combine: warp's tags sent", "LL combine: first partials' tags in", "LL combine: warp's tokens summed",
       "LL combine: set freed"};
+  static_assert(sizeof(names) / sizeof(names[0]) == kep::kTracePoints, "a name for every trace point");
   for (int p = 0; p < kep::kTracePoints; ++p) {
     const unsigned long long count = trace[kep::kTracePoints + p];
     if (count == 0) continue;

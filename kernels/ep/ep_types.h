@@ -164,18 +164,6 @@ enum TracePoint : int {
 constexpr int kTraceCalls = 256;
 constexpr int kTraceWords = 2 * kTracePoints + 2 * kTraceCalls * kTracePoints;
 
-#ifdef __CUDACC__
-// Records `point`, reached `since` nanoseconds after the call's start, into `trace` (one thread).
-__device__ __forceinline__ void traceRecord(unsigned long long* trace, TracePoint point, uint64_t epoch,
-                                            unsigned long long since) {
-  atomicAdd(trace + point, since);
-  atomicAdd(trace + kTracePoints + point, 1ULL);
-  const size_t slot = 2 * kTracePoints + (epoch % kTraceCalls) * kTracePoints + point;
-  atomicMax(trace + slot, since);
-  atomicMax(trace + kTraceCalls * kTracePoints + slot, ~since);  // the earliest, as its complement
-}
-#endif
-
 // Everything a kernel needs to address the group's memory.
 struct GroupView {
   int rank;

@@ -9,6 +9,7 @@
 #include "kernels/common/bf16x8.cuh"
 #include "kernels/common/device_sync.cuh"
 #include "kernels/common/warp_copy.cuh"
+#include "kernels/ep/ep_trace.cuh"
 #include "kernels/ep/ht_kernels.h"
 
 namespace unifab::kernels::ep {
@@ -101,18 +102,12 @@ __device__ __forceinline__ void traceStamp(const GroupView& g, uint64_t* slot) {
   if (g.trace != nullptr && threadIdx.x == 0) *slot = globalTimerNs();
 }
 
-// Thread 0 of the calling block records `point`, `since` nanoseconds after the call's start (a
-// block that never waited on block 0 may read the previous call's start: tracing is a diagnostic,
-// not a measurement of record).
-__device__ __forceinline__ void traceRecord(const GroupView& g, TracePoint point, uint64_t epoch, unsigned long long since) {
-  ep::traceRecord(g.trace, point, epoch, since);
-}
-
-// Thread 0 of the calling block records `point`, reached now.
+// Thread 0 of the calling block records `point`, reached now (a block that never waited on block
+// 0 may read the previous call's start: tracing is a diagnostic, not a measurement of record).
 __device__ __forceinline__ void tracePoint(const GroupView& g, TracePoint point, uint64_t epoch) {
   if (g.trace == nullptr || threadIdx.x != 0) return;
   const uint64_t start = *reinterpret_cast<const volatile uint64_t*>(&g.sync->traceStart);
-  traceRecord(g, point, epoch, globalTimerNs() - start);
+  traceRecord(g.trace, point, epoch, globalTimerNs() - start);
 }
 
 // Which part of the payload a block writes: rows for other ranks cross NVLink, rows for this rank
@@ -190,7 +185,7 @@ __device__ __forceinline__ void recordStamps(const GroupView& g, uint64_t epoch,
   const uint64_t at[] = {stamps.entered, stamps.loaded, stamps.masked, stamps.listed, now};
 #pragma unroll
   for (int i = 0; i < 5; ++i) {
-    if (at[i] != 0) traceRecord(g, points[i], epoch, at[i] - start);
+    if (at[i] != 0) traceRecord(g.trace, points[i], epoch, at[i] - start);
   }
 }
 

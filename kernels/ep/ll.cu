@@ -4,6 +4,7 @@
 
 #include "kernels/common/bf16x8.cuh"
 #include "kernels/common/device_sync.cuh"
+#include "kernels/ep/ep_trace.cuh"
 #include "kernels/ep/ll_kernels.h"
 
 namespace unifab::kernels::ep {
