@@ -19,9 +19,13 @@ set -uo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-$here/gpu-results}"
-logs="$out/logs"
+# Logs live outside $OUT and go back as one tarball, refreshed after every step: a call that runs
+# past the device's limit still returns the summary and the logs of the steps it finished (a
+# folder of logs in $OUT would exceed the count of files that come back).
+logs="$(mktemp -d "${TMPDIR:-/tmp}/unifab-gpu.XXXXXX")/logs"
 build="${UNIFAB_GPU_BUILD_DIR:-$here/build-gpu}"
-mkdir -p "$logs"
+mkdir -p "$logs" "$out"
+pack() { tar -czf "$out/logs.tar.gz.part" -C "$(dirname "$logs")" logs && mv "$out/logs.tar.gz.part" "$out/logs.tar.gz"; }
 steps="${*:-tests bench ep ll pp engram}"
 summary="$out/summary.txt"
 : >"$summary"
@@ -52,7 +56,7 @@ cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTUR
   cmake --build "$build" -j "$(nproc)" >>"$logs/build.log" 2>&1
 status=$?
 say "build: exit $status in $(( $(date +%s) - start )) s; $(grep -E -o 'NCCL [0-9.]+ \(code [0-9]+\) from [^:]*' "$logs/build.log")"
-if [ $status -ne 0 ]; then tail -40 "$logs/build.log"; tar -czf "$out/logs.tar.gz" -C "$out" logs; rm -rf "$logs"; exit 1; fi
+if [ $status -ne 0 ]; then tail -40 "$logs/build.log"; pack; exit 1; fi
 bench="$build/tests/bench/unifab-bench"
 failed=0
 
@@ -235,14 +239,26 @@ for step in $steps; do
     done
     ;;
   sanitize)
-    # Small shape, long timeout: the sanitizer slows kernels, and the two ranks wait on each other.
+    # Small shape, long device timeouts (the sanitizer slows kernels, and the two ranks wait on
+    # each other), but each run bounded by UNIFAB_SANITIZE_LIMIT_S (default 150 s; a run takes
+    # 20-60 s) so that a hang under a tool cannot spend the whole device call.
+    limit="${UNIFAB_SANITIZE_LIMIT_S:-150}"
     for test in ht ll; do
       for tool in memcheck racecheck; do
         say "== compute-sanitizer --tool $tool, EP $test test, 2 ranks, --quick"
-        UNIFAB_EP_TIMEOUT_MS=600000 compute-sanitizer --tool $tool --target-processes all --report-api-errors no --error-exitcode 9 \
-          "$build/tests/unifab-launch" -n 2 -t 900 -- "$build/tests/gpu/unifab_gpu_ep_$test" --quick --iterations 3 --replays 1 \
-          >"$logs/sanitize-$test-$tool.txt" 2>&1 || failed=1
+        started=$(date +%s)
+        UNIFAB_EP_TIMEOUT_MS=$(( limit * 1000 / 2 )) timeout -k 10 "$limit" \
+          compute-sanitizer --tool $tool --target-processes all --report-api-errors no --error-exitcode 9 \
+          "$build/tests/unifab-launch" -n 2 -t "$limit" -- "$build/tests/gpu/unifab_gpu_ep_$test" --quick --iterations 3 --replays 1 \
+          >"$logs/sanitize-$test-$tool.txt" 2>&1
+        rc=$?
+        [ $rc -ne 0 ] && failed=1
         grep -E "ERROR SUMMARY|passed, [0-9]+ failed|Error|error" "$logs/sanitize-$test-$tool.txt" | sort | uniq -c | head -20 | tee -a "$summary"
+        if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+          say "TIMED OUT after $(( $(date +%s) - started )) s (UNIFAB_SANITIZE_LIMIT_S=$limit); the log's last lines:"
+          tail -15 "$logs/sanitize-$test-$tool.txt" | tee -a "$summary"
+        fi
+        pack
       done
     done
     ;;
@@ -295,6 +311,7 @@ for step in $steps; do
     ;;
   *) echo "unknown step $step"; failed=1 ;;
   esac
+  pack
 done
-tar -czf "$out/logs.tar.gz" -C "$out" logs && rm -rf "$logs"
+pack
 exit $failed
