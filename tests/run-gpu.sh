@@ -9,9 +9,10 @@
 # UNIFAB_TRACE_DTYPES / UNIFAB_TRACE_OPS limit the trace step (default: bf16 fp8 x empty cached dispatch combine);
 # ab measures the working tree against itself with UNIFAB_AB_PATCH (default ab.patch; or several
 # NAME=FILE baselines) reversed, interleaved (UNIFAB_AB_ARGS, UNIFAB_AB_DTYPES, UNIFAB_AB_REPS);
-# UNIFAB_GPU_TESTS_LIMIT_S bounds the whole tests step (default 3000 s) so that a hang still
-# leaves its logs. nccltests needs nccl-tests v2.19.6 in NCCL_TESTS_SRC (default: .nccl-tests-src,
-# an ignored folder to `carry`).
+# UNIFAB_GPU_TESTS_LIMIT_S bounds the whole tests step (default 360 s: the 28 tests take ~170 s,
+# and a device call ends at 600 s) so that a hang still leaves its logs and the later steps run;
+# UNIFAB_SANITIZE_LIMIT_S bounds each compute-sanitizer run (default 150 s). nccltests needs
+# nccl-tests v2.19.6 in NCCL_TESTS_SRC (default: .nccl-tests-src, an ignored folder to `carry`).
 # The machines are shared virtual machines whose loopback TCP speed changes from minute to
 # minute, so every comparison runs its contenders interleaved, several times, and reports the
 # median over the repetitions.
@@ -97,7 +98,7 @@ for step in $steps; do
   case $step in
   tests)
     say "== gpu tests (ctest -L gpu)"
-    (cd "$build" && timeout -k 10 "${UNIFAB_GPU_TESTS_LIMIT_S:-3000}" \
+    (cd "$build" && timeout -k 10 "${UNIFAB_GPU_TESTS_LIMIT_S:-360}" \
       ctest -L gpu ${UNIFAB_GPU_TESTS:+-R "$UNIFAB_GPU_TESTS"} -V --timeout 1000) >"$logs/ctest-gpu.log" 2>&1 || failed=1
     grep -E "tests passed|Passed|Failed|\*\*\*" "$logs/ctest-gpu.log" | tee -a "$summary"
     grep -h -E "passed, [0-9]+ failed" "$logs/ctest-gpu.log" | tee -a "$summary"
