@@ -314,5 +314,4 @@ for step in $steps; do
   esac
   pack
 done
-pack
 exit $failed
