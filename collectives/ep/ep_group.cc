@@ -300,7 +300,8 @@ void unifabEpGroup::logTrace(const unsigned long long* deviceTrace, int rank) co
   }
   static const char* const names[] = {
       "dispatch: epoch read", "dispatch: top-k entries loaded", "dispatch: masks known (thread 0)", "dispatch: token lists written",
-      "dispatch: layout, words sent", "dispatch: count words in", "dispatch: receive counts", "dispatch: remote rows written",
+      "dispatch: layout, words sent", "dispatch: peers' start words in", "dispatch: own count words in",
+      "dispatch: count words in", "dispatch: receive counts", "dispatch: remote rows written",
       "dispatch: local rows written", "dispatch: peers' rows in", "combine: start handshake", "combine: partials sent",
       "combine: last tokens helped", "combine: tokens reduced", "combine: last block done",
       "LL dispatch: epochs read", "LL dispatch: first part quantized", "LL dispatch: warp's stores fenced",
@@ -378,6 +379,9 @@ int unifabEpGroup::remoteBlocksFor(unifab::tuner::EpOp op, int blocks) const {
   const int64_t chosen =
       op == unifab::tuner::EpOp::kDispatch ? unifab::params().epDispatchSenders : unifab::params().epCombineSenders;
   if (chosen > 0 && remote > 0 && blocks > 1) remote = static_cast<int>(std::min<int64_t>(chosen, blocks - 1));
+  // Never 0 with peers: the dispatch's word sets are reused safely only because its remote blocks
+  // wait for every peer's start word in every call (kernels/ep/ht.cu, dispatchKernel).
+  if (view_.nRanks > 1 && blocks > 0) remote = std::max(remote, 1);
   return remote;
 }
 

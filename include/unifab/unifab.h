@@ -89,10 +89,14 @@ typedef enum { unifabEpHighThroughput = 0, unifabEpLowLatency = 1 } unifabEpMode
 typedef enum { unifabEpBf16 = 0, unifabEpFp8E4M3 = 1 } unifabEpDtype_t;
 typedef enum { unifabEpIndexInt64 = 0, unifabEpIndexInt32 = 1 } unifabEpIndexType_t;
 
-/* Received-token layout. Rank-major: rows grouped by source rank in ascending order, each
- * source's tokens in their original order. Expert-major: one row per (token, local expert),
- * experts in ascending order, each expert's rows in (source rank, token) order, every expert's
- * region starting at a multiple of `expertAlignment` rows (padding rows are left unspecified). */
+/* Received-token layout. Rank-major: rows grouped by source rank, the sources in the order
+ * rank + 1, rank + 2, ..., nRanks - 1, 0, ..., rank (from the receiving rank's next one, wrapping
+ * around: its own rows last), each source's tokens in their original order; recvRowsPerRank gives
+ * each source's row count. (Each rank's rows come first at one receiver, so that they need no
+ * other rank's count before they leave: with two ranks, no remote row waits for the peer's
+ * routing.) Expert-major: one row per (token, local expert), experts in ascending order, each
+ * expert's rows in the rank-major order of their sources and tokens, every expert's region
+ * starting at a multiple of `expertAlignment` rows (padding rows are left unspecified). */
 typedef enum { unifabEpRankMajor = 0, unifabEpExpertMajor = 1 } unifabEpLayout_t;
 
 #define UNIFAB_EP_SCALE_BLOCK 128 /* FP8 payloads carry one float scale per 128 values */

@@ -21,6 +21,8 @@ __device__ __forceinline__ void storeRelease(uint64_t* address, uint64_t value) 
 // block barrier), before its later ones at system scope: the release half of a flag protocol.
 // Lighter than __threadfence_system(), which is a sequentially consistent fence.
 __device__ __forceinline__ void fenceAcqRelSystem() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+// The same at GPU scope: for words that only this GPU's other blocks read.
+__device__ __forceinline__ void fenceAcqRelGpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // Single-copy atomic 64-bit accesses with no ordering: for words that carry their own epoch.
 __device__ __forceinline__ void storeRelaxed(uint64_t* address, uint64_t value) {
@@ -30,6 +32,13 @@ __device__ __forceinline__ void storeRelaxed(uint64_t* address, uint64_t value) 
 __device__ __forceinline__ uint64_t loadRelaxed(const uint64_t* address) {
   uint64_t value;
   asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
+  return value;
+}
+
+// Acquire at GPU scope: for words that this GPU's other blocks publish.
+__device__ __forceinline__ uint64_t loadAcquireGpu(const uint64_t* address) {
+  uint64_t value;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
   return value;
 }
 

@@ -22,8 +22,14 @@ constexpr int kMaxBlocks = 256;      // blocks of one EP kernel (at most one per
 
 // Per-rank control words in the window. Every word is written by one peer and read by its owner.
 // The combine words are epochs (call counts): they only grow and never need resetting. The
-// dispatch's are row counts that the owner zeroes at the end of each call.
+// dispatch's rows-in words are row counts that the owner zeroes at the end of each call; its
+// start words are tagged with their call's epoch, as the count words are.
 struct Control {
+  // Rank s started dispatch #epoch (so its receive buffers are free), written at the kernel's entry
+  // in the set wordSet(epoch): blockWord(epoch, routing tag if cached else 0, s's block count if
+  // uncached else 0), so that a peer's rows wait for no layout of s's unless they are placed after
+  // s's rows.
+  uint64_t dispatchStart[2][kMaxRanks];
   uint64_t dispatchRowsIn[kMaxRanks];  // rows of the current dispatch that source s's blocks finished writing
                                       // into us (each adds its own after a system fence); 0 between calls
   uint64_t combineDone[kMaxRanks];     // rank s ended combine #epoch (its partial buffers are free)
@@ -56,6 +62,17 @@ struct WindowLayout {
   int rowBytes;          // hidden * 2: the largest payload row (BF16)
 };
 
+
+// Rank-major received rows are grouped by source rank, starting at the receiver's next rank:
+// at rank d, source d+1 comes first and d itself last (cyclically; unifabEpLayout_t). A sender's
+// rows at d wait only for the counts of the sources before it there: with two ranks, none.
+UNIFAB_HOST_DEVICE inline int sourcePosition(int source, int receiver, int nRanks) {
+  return (source - receiver - 1 + nRanks) % nRanks;
+}
+// True if source a's rows come before source b's at `receiver`.
+UNIFAB_HOST_DEVICE inline bool sourceBefore(int a, int b, int receiver, int nRanks) {
+  return sourcePosition(a, receiver, nRanks) < sourcePosition(b, receiver, nRanks);
+}
 
 // Owner rank of global expert `id` for `localExperts` experts per rank, without a division (the
 // layout makes one per top-k entry, and a division is ~20 dependent instructions): `magic` is
@@ -133,7 +150,9 @@ enum TracePoint : int {
   kTraceDispatchMasked,       // each layout block: its first pass's tokens' destination masks known (thread 0)
   kTraceDispatchListed,       // each layout block: its token lists written, before the fence and its words
   kTraceDispatchLayout,       // each block: its layout done and its count words sent
-  kTraceDispatchCountsIn,     // each block that waits: the count words it needs are in (start handshake)
+  kTraceDispatchStartWordsIn, // each block that waits for start words: the last of them seen
+  kTraceDispatchOwnWordsIn,   // each uncached block: the last of its own rank's count words it needs seen
+  kTraceDispatchCountsIn,     // each block that waits: the start and count words it needs are in
   kTraceDispatchReceiveCounts,// last block: receive counts and expert regions done (before its rows)
   kTraceDispatchRemoteDone,   // each remote block: its rows written
   kTraceDispatchLocalDone,    // each local block: its rows written

@@ -171,10 +171,17 @@ __device__ __forceinline__ size_t blockExpertWordIndex(const GroupView& g, int s
 }
 
 // Trace stamps of a dispatch block's start and its layout's first pass (traceStamp), recorded
-// with the layout's end after one read of the call's start.
+// with the layout's end after one read of the call's start; then when the last of the start words
+// and of this rank's count words that the block waits for were seen (the latest waiting thread's
+// time, by atomicMax), recorded with the end of the waits.
 struct DispatchStamps {
   uint64_t entered, loaded, masked, listed;
+  unsigned long long startWordsIn, ownWordsIn;
 };
+
+__device__ __forceinline__ void stampLatest(const GroupView& g, unsigned long long* slot) {
+  if (g.trace != nullptr) atomicMax(slot, static_cast<unsigned long long>(globalTimerNs()));
+}
 
 __device__ __forceinline__ void recordStamps(const GroupView& g, uint64_t epoch, const DispatchStamps& stamps) {
   if (g.trace == nullptr || threadIdx.x != 0) return;
@@ -285,14 +292,14 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
   }
   __syncthreads();
   traceStamp(g, &stamps.listed);
-  // The block's rows for every rank, into every rank's window: each rank places its rows after
-  // those of the lower ranks, and a rank's words of a call are also its start handshake (its
-  // receive buffers are free). Only this GPU's own window needs the fence, which publishes the
-  // block's token lists and routing to its other blocks; the peers' words go out without waiting
-  // for it (the peers read counts only). Its rows for each expert go to the expert's owner.
+  // The block's rows for every rank, into every rank's window: a rank places its rows after
+  // those of the ranks before it there (sourceBefore). Only this GPU's own window needs the fence,
+  // which publishes the block's token lists and routing to its other blocks; the peers' words go
+  // out without waiting for it (the peers read counts only). Its rows for each expert go to the
+  // expert's owner.
   for (int i = threadIdx.x; i < g.nRanks * g.nRanks; i += blockDim.x) {
     const int p = (g.rank + 1 + i / g.nRanks) % g.nRanks, d = i % g.nRanks;  // this GPU's own words last
-    if (p == g.rank) __threadfence();
+    if (p == g.rank) fenceAcqRelGpu();
     storeRelaxed(blockWordsAt(g, p, epoch) + blockWordIndex(g, g.rank, blockIdx.x, d), blockWord(epoch, destCount[d], gridDim.x));
   }
   for (int e = threadIdx.x; e < g.numExperts; e += blockDim.x) {
@@ -302,7 +309,7 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
   }
 }
 
-// True if rank s's first word of this call is the same kind of call as ours; raises the mismatch
+// True if rank s's start word of this call is the same kind of call as ours; raises the mismatch
 // (which ends the group, as a timeout does) if not.
 __device__ bool sameCall(const GroupView& g, uint64_t word, bool cached, int routingTag) {
   const bool peerCached = blockWordBlocks(word) == 0;
@@ -311,50 +318,100 @@ __device__ bool sameCall(const GroupView& g, uint64_t word, bool cached, int rou
   return false;
 }
 
-// Waits for the count words a block needs before its rows: for each destination d of its role,
-// every block's word of every rank s <= this rank (the lower ranks' rows come first at d, and this
-// rank's blocks' counts give each block's first row), and the first word of every peer it writes
-// into (the start handshake). A cached dispatch needs the start handshake of its remote
-// destinations only. gridOf[s] receives rank s's block count. The same answer in every thread.
+__device__ __forceinline__ uint64_t* dispatchStartAt(const GroupView& g, int rank, uint64_t epoch) {
+  return reinterpret_cast<Control*>(at(g, rank, g.layout.control))->dispatchStart[wordSet(epoch)];
+}
+
+// Block 0, at the kernel's entry: this rank's start word to every peer (Control::dispatchStart).
+__device__ void publishStart(const GroupView& g, uint64_t epoch, bool cached, int routingTag) {
+  const uint64_t word = blockWord(epoch, cached ? routingTag : 0, cached ? 0 : static_cast<int>(gridDim.x));
+  for (int d = threadIdx.x; d < g.nRanks; d += blockDim.x) {
+    if (d != g.rank) storeRelaxed(dispatchStartAt(g, d, epoch) + g.rank, word);
+  }
+}
+
+// Rank s's start word of this call (a peer's), checked to be the same kind of call as ours; its
+// block count goes to *blocks. False on a timeout or a mismatch.
+__device__ bool waitStart(const GroupView& g, int s, uint64_t epoch, bool cached, int routingTag, int* blocks) {
+  uint64_t word = 0;
+  if (!waitTagged(g, dispatchStartAt(g, g.rank, epoch) + s, epoch, &word) || !sameCall(g, word, cached, routingTag)) {
+    return false;
+  }
+  *blocks = blockWordBlocks(word);
+  return true;
+}
+
+// Waits for what a block needs before its rows: the start word of every peer it writes into, and
+// for each destination d of its role, the count words of every block of this rank and of every
+// rank whose rows come before ours at d (sourceBefore); a cached dispatch needs the start words
+// only. The start words and this rank's words are awaited at once (each wait is a round trip of
+// ~1-1.5 us after an L2 flush): thread b < grid takes block b's words, and its rows for the first
+// destination of the block's role go to firstRows[b] (shared), so that the rows need no second
+// read of them. gridOf[s] receives rank s's block count (0 where not needed). The same answer in every
+// thread.
 __device__ bool waitBlockWords(const GroupView& g, uint64_t epoch, bool cached, int routingTag, const Role& role,
-                               int* gridOf) {
+                               int* gridOf, int* firstRows, DispatchStamps& stamps) {
+  int mine = 0;
   const uint64_t* words = blockWordsAt(g, g.rank, epoch);
+  auto inRole = [&](int d) { return d == g.rank ? role.local : role.remote; };
   bool ok = true;
-  for (int s = threadIdx.x; s < g.nRanks; s += blockDim.x) {
+  const int s = static_cast<int>(blockDim.x) - 1 - static_cast<int>(threadIdx.x);  // the last threads: start words
+  if (s < g.nRanks) {
     gridOf[s] = 0;
-    const bool needed = s == g.rank ? !cached : (s < g.rank && !cached) || role.remote;
-    if (!needed) continue;
-    uint64_t first = 0;
-    ok = ok && waitTagged(g, words + blockWordIndex(g, s, 0, g.rank), epoch, &first) &&
-         sameCall(g, first, cached, routingTag);
-    if (ok) gridOf[s] = blockWordBlocks(first);
+    if (s == g.rank) {
+      if (!cached) gridOf[s] = gridDim.x;
+    } else {
+      bool before = false;  // s's rows come before ours at one of our role's destinations
+      for (int d = 0; d < g.nRanks && !cached; ++d) {
+        before = before || (inRole(d) && sourceBefore(s, g.rank, d, g.nRanks));
+      }
+      int blocks = 0;
+      if (before || role.remote) {
+        ok = waitStart(g, s, epoch, cached, routingTag, &blocks);
+        stampLatest(g, &stamps.startWordsIn);
+      }
+      if (before) gridOf[s] = blocks;
+    }
+  }
+  static_assert(kMaxBlocks + kMaxRanks <= kCopyThreads, "the first threads take the blocks, the last the ranks");
+  if (!cached && threadIdx.x < gridDim.x) {
+    // This rank's blocks published their token lists before their words: acquired here.
+    bool first = true;
+    for (int k = 0; k < g.nRanks && ok; ++k) {
+      const int d = (g.rank + 1 + k) % g.nRanks;  // the rows' order of destinations
+      if (!inRole(d)) continue;
+      ok = waitUntil<false>(g, [&] {
+        const uint64_t word = loadAcquireGpu(words + blockWordIndex(g, g.rank, threadIdx.x, d));
+        if (first) mine = blockWordRows(word);
+        return countWordIsFrom(word, epoch);
+      });
+      first = false;
+    }
+    firstRows[threadIdx.x] = mine;
+    stampLatest(g, &stamps.ownWordsIn);
   }
   if (__syncthreads_or(!ok)) return false;
   if (!cached) {
-    // The words of all ranks s <= this rank as one list, so that a thread's waits (usually one)
-    // are not in series over s.
+    // The words of the ranks whose rows come first as one list, so that a thread's waits (usually
+    // one) are not in series over s.
     int total = 0;
-    for (int s = 0; s <= g.rank; ++s) total += gridOf[s] * g.nRanks;
+    for (int q = 0; q < g.nRanks; ++q) total += q == g.rank ? 0 : gridOf[q] * g.nRanks;
+    if (total == 0) return true;
     for (int j = threadIdx.x; j < total && ok; j += blockDim.x) {
-      int s = 0, column = j;
-      while (column >= gridOf[s] * g.nRanks) column -= gridOf[s++] * g.nRanks;
+      int q = 0, column = j;
+      for (;; ++q) {
+        const int span = q == g.rank ? 0 : gridOf[q] * g.nRanks;
+        if (column < span) break;
+        column -= span;
+      }
       const int b = column / g.nRanks, d = column % g.nRanks;
-      if (!(d == g.rank ? role.local : role.remote)) continue;
+      if (!inRole(d) || !sourceBefore(q, g.rank, d, g.nRanks)) continue;
       uint64_t seen;
-      ok = waitTagged(g, words + blockWordIndex(g, s, b, d), epoch, &seen);
+      ok = waitTagged(g, words + blockWordIndex(g, q, b, d), epoch, &seen);
     }
+    if (__syncthreads_or(!ok)) return false;
   }
-  __threadfence();  // this rank's blocks' token lists, published before their words
-  return __syncthreads_or(!ok) == 0;
-}
-
-// Block 0 of a cached dispatch: the layout is the routing's, so its words are only the start
-// handshake. They carry no block count (an uncached dispatch's words carry at least 1) and the
-// routing's tag in place of rows, so that a peer making another call than ours sees it.
-__device__ void publishStart(const GroupView& g, uint64_t epoch, int routingTag) {
-  for (int d = threadIdx.x; d < g.nRanks; d += blockDim.x) {
-    storeRelaxed(blockWordsAt(g, d, epoch) + blockWordIndex(g, g.rank, 0, d), blockWord(epoch, routingTag, 0));
-  }
+  return true;
 }
 
 // The last block of an uncached dispatch, before its rows (it writes local rows, which end long
@@ -371,9 +428,8 @@ __device__ bool finishReceiveCounts(const GroupView& g, const Routing& r, uint64
   // Rows from each rank: every block's word for this rank.
   const uint64_t* words = blockWordsAt(g, g.rank, epoch);
   for (int s = threadIdx.x; s < g.nRanks && ok; s += blockDim.x) {
-    uint64_t first = 0;
-    ok = waitTagged(g, words + blockWordIndex(g, s, 0, g.rank), epoch, &first) && sameCall(g, first, false, 0);
-    gridOf[s] = ok ? blockWordBlocks(first) : 0;
+    gridOf[s] = gridDim.x;
+    if (s != g.rank) ok = waitStart(g, s, epoch, false, 0, &gridOf[s]);
   }
   if (__syncthreads_or(!ok)) return false;
   // Every block's words for this rank, per source rank s: its rows (entries 0..G-1 for G blocks),
@@ -491,9 +547,12 @@ __device__ __forceinline__ void writeRowsMetadata(const GroupView& g, const Disp
   }
 }
 
-// One kernel per dispatch: layout and count words by every block (start words only when cached),
-// payload by every block, then each block's rows-written count to the peers it wrote into, and the
-// last block to finish waits until every peer's rows for this rank are in.
+// One kernel per dispatch: block 0's start words at entry, then the layout and count words by
+// every block (none when cached), payload by every block, then each block's rows-written count to
+// the peers it wrote into, and the last block to finish waits until every peer's rows for this
+// rank are in. With peers, some block must have the remote role (epRemoteBlocks): in every call
+// the remote blocks wait for every peer's start word, so no peer can begin the call after next
+// (and rewrite this call's set of words) before this rank has finished this one.
 __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, DispatchInput input, Routing r,
                                                                bool cached, int remoteBlocks) {
   __shared__ uint64_t epochShared;
@@ -511,9 +570,13 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   if (timedOutShared) return;
   __shared__ DispatchStamps stamps;
   if (g.trace != nullptr && threadIdx.x == 0) stamps = {};
+  if (blockIdx.x == 0) publishStart(g, epoch, cached, input.routingTag);
   traceStamp(g, &stamps.entered);
   if (!cached) layoutBlock(g, input, r, epoch, stamps);
-  if (cached && blockIdx.x == 0) publishStart(g, epoch, input.routingTag);
+  // Every thread's words are out before any thread of the block waits on them: a block's own word
+  // is awaited by another of its threads (waitBlockWords), which must not spin ahead of the writer
+  // (a forward-progress assumption that tools such as compute-sanitizer need not honour).
+  __syncthreads();
   recordStamps(g, epoch, stamps);
   if (g.testStallNs != 0 && blockIdx.x >= gridDim.x / 2) {
     // Tests only: these blocks read their peers' words late, as blocks that start late would.
@@ -522,11 +585,19 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   }
   const Role role = blockRole(remoteBlocks);
   __shared__ int gridOf[kMaxRanks];
+  __shared__ int firstRows[kMaxBlocks];  // block b's rows for this block's first destination
   // A cached dispatch's local rows need nothing from the peers; everything else does.
-  if ((!cached || role.remote) && !waitBlockWords(g, epoch, cached, input.routingTag, role, gridOf)) {
+  if ((!cached || role.remote) &&
+      !waitBlockWords(g, epoch, cached, input.routingTag, role, gridOf, firstRows, stamps)) {
     return;  // never reached the peers' buffers: they time out as well
   }
-  tracePoint(g, kTraceDispatchCountsIn, epoch);
+  if (g.trace != nullptr && threadIdx.x == 0) {
+    const uint64_t start = *reinterpret_cast<const volatile uint64_t*>(&g.sync->traceStart);
+    const uint64_t now = globalTimerNs();
+    if (stamps.startWordsIn != 0) traceRecord(g.trace, kTraceDispatchStartWordsIn, epoch, stamps.startWordsIn - start);
+    if (stamps.ownWordsIn != 0) traceRecord(g.trace, kTraceDispatchOwnWordsIn, epoch, stamps.ownWordsIn - start);
+    traceRecord(g.trace, kTraceDispatchCountsIn, epoch, now - start);
+  }
   if (!cached && blockIdx.x == gridDim.x - 1) {
     if (!finishReceiveCounts(g, r, epoch)) return;
     tracePoint(g, kTraceDispatchReceiveCounts, epoch);
@@ -550,25 +621,39 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
   if (threadIdx.x == 0) {
     for (int d = 0; d < g.nRanks; ++d) sentRows[d] = 0;
   }
+  bool firstDestination = true;
   for (int k = 0; k < g.nRanks; ++k) {
     const int d = (g.rank + 1 + k) % g.nRanks;  // every rank starts with a different peer
     if (!(d == g.rank ? role.local : role.remote)) continue;
+    const bool wordsSeen = firstDestination;  // by waitBlockWords, in firstRows
+    firstDestination = false;
     int rows, sendOffset;
     if (cached) {
       rows = __ldcg(r.sendRows + d);
       sendOffset = __ldcg(r.sendOffset + d);
     } else {
-      // This rank's rows for d and each of its blocks' first row; then the lower ranks' rows for
-      // d, which come first there.
+      // This rank's rows for d and each of its blocks' first row.
       const int b = threadIdx.x;
-      const int blockRows = b < gridDim.x ? blockWordRows(loadRelaxed(words + blockWordIndex(g, g.rank, b, d))) : 0;
+      const int blockRows = b >= gridDim.x ? 0
+                            : wordsSeen   ? firstRows[b]
+                                          : blockWordRows(loadRelaxed(words + blockWordIndex(g, g.rank, b, d)));
       const int first = blockExclusiveScan<kCopyThreads>(blockRows, &rows);  // its barriers order firstSlot's reuse
       if (b < gridDim.x) firstSlot[b] = first;
+      // Then the rows of the ranks that come before ours at d (none at our first destination).
       int lower = 0;
-      for (int s = 0; s < g.rank; ++s) {
-        for (int q = threadIdx.x; q < gridOf[s]; q += blockDim.x) lower += blockWordRows(loadRelaxed(words + blockWordIndex(g, s, q, d)));
+      bool anyBefore = false;
+      for (int s = 0; s < g.nRanks; ++s) {
+        if (s == g.rank || !sourceBefore(s, g.rank, d, g.nRanks)) continue;
+        anyBefore = true;
+        for (int q = threadIdx.x; q < gridOf[s]; q += blockDim.x) {
+          lower += blockWordRows(loadRelaxed(words + blockWordIndex(g, s, q, d)));
+        }
       }
-      blockExclusiveScan<kCopyThreads>(lower, &sendOffset);
+      // The scan's barriers, or one of its own, order the writes of firstSlot before its reads by
+      // every warp's row lookups below.
+      sendOffset = 0;
+      if (anyBefore) blockExclusiveScan<kCopyThreads>(lower, &sendOffset);
+      else __syncthreads();
       if (role.index == 0 && threadIdx.x == 0) {  // for combine and cached re-dispatch
         r.sendRows[d] = rows;
         r.sendOffset[d] = sendOffset;
@@ -643,8 +728,8 @@ __global__ void __launch_bounds__(kCopyThreads) dispatchKernel(GroupView g, Disp
       // or of the cached routing.
       const uint64_t expected = static_cast<uint64_t>(__ldcg(r.recvRowsPerRank + s));
       ok = waitUntil<false>(g, [&] { return loadAcquire(rowsIn + s) == expected; }) && ok;
-      // No peer adds to it again before this rank's next dispatch has started (its count words
-      // are the peers' start handshake), which follows this kernel on the stream.
+      // No peer adds to it again before this rank's next dispatch has started (its start word),
+      // which follows this kernel on the stream.
       if (ok) storeRelaxed(rowsIn + s, 0);
     }
     __syncthreads();
@@ -934,7 +1019,7 @@ __global__ void __launch_bounds__(kCombineThreads) combineKernel(GroupView g, Ro
   }
   const Role role = blockRole(remoteBlocks);
   int ownFirst = 0;  // received rows are grouped by source rank: this rank's own rows are one range
-  for (int s = 0; s < g.rank; ++s) ownFirst += r.recvRowsPerRank[s];
+  for (int s = 0; s < g.nRanks; ++s) ownFirst += sourceBefore(s, g.rank, g.rank, g.nRanks) ? r.recvRowsPerRank[s] : 0;
   const int lane = threadIdx.x % kWarp;
   const int warpInBlock = static_cast<int>(threadIdx.x) / kWarp;
   const int warps = role.count * (kCombineThreads / kWarp);
@@ -1065,7 +1150,7 @@ __global__ void __launch_bounds__(kPullThreads) combinePullKernel(GroupView g, R
   if (blockIdx.x == 0) tracePoint(g, kTraceCombineStarted, epoch);
   if (timedOut(g)) return;
   int ownFirst = 0;  // received rows are grouped by source rank: this rank's own rows are one range
-  for (int s = 0; s < g.rank; ++s) ownFirst += r.recvRowsPerRank[s];
+  for (int s = 0; s < g.nRanks; ++s) ownFirst += sourceBefore(s, g.rank, g.rank, g.nRanks) ? r.recvRowsPerRank[s] : 0;
   const int lane = threadIdx.x % kWarp;
   const int warps = gridDim.x * (kPullThreads / kWarp);
   // Tokens 32 at a time per warp: lane k looks up token k's ranks and rows first.

@@ -70,7 +70,9 @@ Received expectedReceive(const Shape& shape, const std::vector<RankInput>& input
   Received out;
   const int local = shape.localExperts();
   const int64_t first = static_cast<int64_t>(rank) * local;
-  for (int s = 0; s < shape.nRanks; ++s) {
+  out.rowsPerRank.assign(shape.nRanks, 0);
+  for (int i = 1; i <= shape.nRanks; ++i) {
+    const int s = (rank + i) % shape.nRanks;  // the documented order: the next rank first, this one last
     const RankInput& in = inputs[s];
     for (int t = 0; t < in.numTokens; ++t) {
       Row row;
@@ -84,7 +86,10 @@ Received expectedReceive(const Shape& shape, const std::vector<RankInput>& input
         row.localWeights.push_back(here ? in.weights[static_cast<size_t>(t) * shape.topk + k] : 0.0f);
         mine = mine || here;
       }
-      if (mine) out.rankMajor.push_back(row);
+      if (mine) {
+        out.rankMajor.push_back(row);
+        ++out.rowsPerRank[s];
+      }
     }
   }
   out.rowsPerExpert.assign(local, 0);

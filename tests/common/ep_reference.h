@@ -50,7 +50,9 @@ struct Row {
 };
 
 struct Received {
-  std::vector<Row> rankMajor;              // rows in (source rank, token) order
+  std::vector<Row> rankMajor;              // rows by source rank from the receiver's next rank (rank + 1, ...,
+                                           // wrapping; its own last), each source's in token order
+  std::vector<int> rowsPerRank;            // per source rank
   std::vector<int> rowsPerExpert;          // per local expert
   std::vector<int> expertOffsets;          // aligned starts, size localExperts + 1
   std::vector<int> expertRows;             // expert-major position -> rank-major row, -1 = padding

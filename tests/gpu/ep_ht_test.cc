@@ -50,6 +50,7 @@ struct Outputs {
   std::vector<int> source;
   int rows = 0;
   std::vector<int> perExpert;
+  std::vector<int> perRank;
   std::vector<int> offsets;
 };
 
@@ -68,6 +69,7 @@ bool fetch(const unifabEpDispatchResult_t& r, const Shape& shape, bool fp8, cuda
          download(&o->topk, r.recvTopkIdx, n * shape.topk, stream) && download(&o->weights, r.recvTopkWeights, n * shape.topk, stream) &&
          download(&o->source, r.recvSource, n * 2, stream) &&
          download(&o->perExpert, r.recvRowsPerExpert, shape.localExperts(), stream) &&
+         download(&o->perRank, r.recvRowsPerRank, shape.nRanks, stream) &&
          download(&o->offsets, r.expertOffsets, shape.localExperts() + 1, stream);
 }
 
@@ -96,6 +98,7 @@ bool verifyDispatch(const Shape& shape, const std::vector<RankInput>& inputs, in
   Received expect = expectedReceive(shape, inputs, rank, alignment);
   int failedBefore = tally().failed;
   check(o.perExpert == expect.rowsPerExpert, what + ": per-expert counts");
+  check(o.perRank == expect.rowsPerRank, what + ": per-source-rank counts");
   if (!expertMajor) {
     check(o.rows == static_cast<int>(expect.rankMajor.size()),
           what + ": " + std::to_string(o.rows) + " rows, expected " + std::to_string(expect.rankMajor.size()));

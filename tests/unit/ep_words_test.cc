@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/ep/ep_types.h"
 
@@ -42,6 +43,37 @@ TEST(EpWords, ConsecutiveDispatchesAlternateWordSetsAndSkipAZeroLowHalf) {
     EXPECT_NE(static_cast<uint32_t>(next), 0u) << "a zeroed word would pass as dispatch " << next;
     EXPECT_NE(kep::wordSet(next), kep::wordSet(last)) << "dispatches " << last << " and " << next << " share a word set";
   }
+}
+
+TEST(EpWords, SourceOrderStartsAtTheReceiversNextRankAndEndsWithItself) {
+  // The documented rank-major order (include/unifab/unifab.h): at rank d, sources d+1, d+2, ...
+  // wrapping around, d's own rows last; each position is taken by exactly one source.
+  for (int nRanks : {1, 2, 3, 8, kep::kMaxRanks}) {
+    for (int receiver = 0; receiver < nRanks; ++receiver) {
+      std::vector<int> at(nRanks, -1);
+      for (int s = 0; s < nRanks; ++s) {
+        const int position = kep::sourcePosition(s, receiver, nRanks);
+        ASSERT_GE(position, 0);
+        ASSERT_LT(position, nRanks);
+        EXPECT_EQ(at[position], -1) << "two sources at one position";
+        at[position] = s;
+      }
+      EXPECT_EQ(at[nRanks - 1], receiver) << "own rows last";
+      if (nRanks > 1) {
+        EXPECT_EQ(at[0], (receiver + 1) % nRanks) << "the next rank first";
+      }
+      for (int a = 0; a < nRanks; ++a) {
+        EXPECT_FALSE(kep::sourceBefore(receiver, a, receiver, nRanks));
+        for (int b = 0; b < nRanks; ++b) {
+          EXPECT_EQ(kep::sourceBefore(a, b, receiver, nRanks),
+                    kep::sourcePosition(a, receiver, nRanks) < kep::sourcePosition(b, receiver, nRanks));
+        }
+      }
+    }
+  }
+  // With two ranks, each rank's rows are first at its peer: they need no count of the peer's.
+  EXPECT_EQ(kep::sourcePosition(1, 0, 2), 0);
+  EXPECT_EQ(kep::sourcePosition(0, 1, 2), 0);
 }
 
 TEST(EpWords, ExpertOwnerMatchesDivisionForEveryExpertCount) {
