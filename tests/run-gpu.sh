@@ -11,7 +11,8 @@
 # NAME=FILE baselines) reversed, interleaved (UNIFAB_AB_ARGS, UNIFAB_AB_DTYPES, UNIFAB_AB_REPS);
 # UNIFAB_GPU_TESTS_LIMIT_S bounds the whole tests step (default 360 s: the 28 tests take ~170 s,
 # and a device call ends at 600 s) so that a hang still leaves its logs and the later steps run;
-# UNIFAB_SANITIZE_LIMIT_S bounds each compute-sanitizer run (default 150 s). nccltests needs
+# UNIFAB_SANITIZE_LIMIT_S bounds each compute-sanitizer run (default 150 s), UNIFAB_SANITIZE_TESTS
+# picks the EP tests it runs under (default: ht ll). nccltests needs
 # nccl-tests v2.19.6 in NCCL_TESTS_SRC (default: .nccl-tests-src, an ignored folder to `carry`).
 # The machines are shared virtual machines whose loopback TCP speed changes from minute to
 # minute, so every comparison runs its contenders interleaved, several times, and reports the
@@ -244,7 +245,7 @@ for step in $steps; do
     # each other), but each run bounded by UNIFAB_SANITIZE_LIMIT_S (default 150 s; a run takes
     # 20-60 s) so that a hang under a tool cannot spend the whole device call.
     limit="${UNIFAB_SANITIZE_LIMIT_S:-150}"
-    for test in ht ll; do
+    for test in ${UNIFAB_SANITIZE_TESTS:-ht ll}; do
       for tool in memcheck racecheck; do
         say "== compute-sanitizer --tool $tool, EP $test test, 2 ranks, --quick"
         started=$(date +%s)
