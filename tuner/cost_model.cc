@@ -56,7 +56,11 @@ bool CostModel::pattern(int collective, int algorithm, Pattern* out) const {
       if (algorithm == kRing) return ring(2.0 * (n - 1), 2.0 * (n - 1) / n);
       if (algorithm == kTree) {
         // A chain inside each node, a tree across nodes; reduce goes up, broadcast comes down.
-        *out = Pattern{1.0, 2.0 * (topology_.ranksPerNode - 1), 2.0 * ceilLog2(nodes), constants_.treeEfficiency};
+        // Every rank but the two ends of a chain sends each byte twice through its own port, up
+        // to its parent and down to its children, so the busiest rank moves 2 nBytes (NCCL's own
+        // model counts the same: tree bandwidth x 0.5). With two ranks both are ends: nBytes.
+        const double busFactor = topology_.nRanks > 2 ? 2.0 : 1.0;
+        *out = Pattern{busFactor, 2.0 * (topology_.ranksPerNode - 1), 2.0 * ceilLog2(nodes), constants_.treeEfficiency};
         return true;
       }
       return false;
@@ -87,7 +91,14 @@ double CostModel::estimateUs(int collective, int algorithm, int protocol, size_t
                  p.intraHops * latency_.hop[kLinkNvlink][algorithm][protocol] +
                  p.interHops * latency_.hop[kLinkNet][algorithm][protocol];
   double bandwidth = bottleneckGBps() * constants_.protocolEfficiency[protocol] * p.efficiency;
-  if (protocol == kLL && latency_.llMaxGBps > 0) bandwidth = std::min(bandwidth, latency_.llMaxGBps);
+  // NCCL's llMaxBws caps LL where the pattern crosses the network. Inside an NVLink domain LL is
+  // bound by its payload fraction of the link (protocolEfficiency) instead: NCCL's Hopper cap
+  // (141 GB/s) is below what Ring-LL moved on 2 x H200 (161-164 GB/s on 32 channels from 256 KiB
+  // to 128 MiB, half of Ring-Simple's 313), and with it the model handed 2 MiB all-reduces to
+  // Simple, 27 % slower than Ring-LL (docs/benchmarks/tuner.md).
+  if (protocol == kLL && latency_.llMaxGBps > 0 && topology_.nNodes > 1) {
+    bandwidth = std::min(bandwidth, latency_.llMaxGBps);
+  }
   // bytes / (GB/s) is nanoseconds; the table is in microseconds.
   return alpha + static_cast<double>(bytes) * p.busFactor / (bandwidth * 1e3);
 }

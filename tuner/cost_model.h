@@ -29,7 +29,8 @@ const char* protocolName(int protocol);
 struct LatencyConstants {
   double base[kNumAlgorithms][kNumProtocols] = {};
   double hop[kNumLinks][kNumAlgorithms][kNumProtocols] = {};
-  double llMaxGBps = 0;  // NCCL's cap on LL bandwidth for this GPU generation and scale; 0 = none
+  double llMaxGBps = 0;  // NCCL's cap on LL bandwidth for this GPU generation and scale, applied
+                         // only to patterns that cross the network; 0 = none
 };
 
 // Documented efficiency constants (docs/tuner.md). They are the same on every machine today;

@@ -1,5 +1,5 @@
-// The cost model and the tuner's decisions on synthetic topologies (1, 2 and 8 GPUs per node;
-// 1, 2 and 16 nodes), with NCCL-like latency constants.
+// The cost model and the tuner's decisions on synthetic topologies (1, 2, 4 and 8 GPUs per node;
+// 1, 2 and 16 nodes), with NCCL-like latency constants and NCCL 2.28.9's own.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -31,6 +31,26 @@ LatencyConstants ncclLikeLatencies() {
     c.hop[kLinkNet][a][kLL128] = 8.5;
     c.hop[kLinkNet][a][kSimple] = 14.0;
   }
+  return c;
+}
+
+// NCCL 2.28.9's defaults as its tuner init passes them (src/graph/tuning.cc,
+// ncclTunerConstantsDefaults), with the LL cap plugin/tuner_v5.cc picks for Hopper.
+LatencyConstants nccl2289Latencies(int nodes) {
+  LatencyConstants c;
+  const double base[kNumAlgorithms][kNumProtocols] = {{6.8, 14.0, 8.4}, {6.6, 14.0, 8.4}, {}, {}, {}, {},
+                                                      {8.0, 8.0, 8.0}};
+  const double nvlink[kNumAlgorithms][kNumProtocols] = {{.6, 1.25, 4.0}, {.6, 1.9, 3.4}, {0, 0, 3.7}, {0, 0, 2.8},
+                                                        {0, 0, 25}, {0, 0, 25}, {0, 0, 4.0}};
+  const double net[kNumAlgorithms][kNumProtocols] = {{5.0, 8.5, 14}, {2.7, 4.0, 14.0}, {0, 0, 31}, {0, 0, 30},
+                                                     {0, 0, 18}, {0, 0, 20.9}, {0, 0, 14}};
+  for (int a = 0; a < kNumAlgorithms; ++a)
+    for (int p = 0; p < kNumProtocols; ++p) {
+      c.base[a][p] = base[a][p];
+      c.hop[kLinkNvlink][a][p] = nvlink[a][p];
+      c.hop[kLinkNet][a][p] = net[a][p];
+    }
+  c.llMaxGBps = nodes <= 1 ? 141.0 : nodes == 2 ? 45.0 : 35.0;  // llMaxBws[Hopper][scale]
   return c;
 }
 
@@ -134,6 +154,41 @@ TEST(CostModel, BandwidthTermFollowsTheSlowestLink) {
   EXPECT_DOUBLE_EQ(c.estimateUs(kAllGather, kRing, kLL128, big), d.estimateUs(kAllGather, kRing, kLL128, big));
 }
 
+// NCCL's LL cap (llMaxBws) binds only where the pattern crosses the network; inside an NVLink
+// domain LL runs at its payload fraction (0.5) of the link: Ring-LL moved 164 GB/s on 2 x H200,
+// above the Hopper cap of 141 (docs/benchmarks/tuner.md).
+TEST(CostModel, NcclLlCapBindsOnlyAcrossTheNetwork) {
+  auto slopeUs = [](const CostModel& model, int algorithm, int protocol) {
+    return model.estimateUs(kAllReduce, algorithm, protocol, size_t{1} << 30) -
+           model.estimateUs(kAllReduce, algorithm, protocol, size_t{1} << 20);
+  };
+  CostModel inNode(topology(2, 1), nccl2289Latencies(1));
+  EXPECT_NEAR(slopeUs(inNode, kRing, kLL) / slopeUs(inNode, kRing, kSimple), 2.0, 1e-6);
+  Topology fastNet = topology(1, 2);
+  fastNet.netGBps = 400;  // LL at half of 0.8 x 400 would be 160 GB/s: the cap (45) binds
+  CostModel acrossNodes(fastNet, nccl2289Latencies(2));
+  const double bytes = double((size_t{1} << 30) - (size_t{1} << 20));
+  EXPECT_NEAR(slopeUs(acrossNodes, kRing, kLL), bytes / (45.0 * 1e3), 1e-3);
+}
+
+// A chain's interior ranks send every byte twice (up, then down) through their own port; with
+// two ranks both are ends and the tree moves what the ring moves.
+TEST(CostModel, TreeInteriorRanksSendEachByteTwice) {
+  for (auto [gpus, nodes] : kShapes) {
+    Topology t = topology(gpus, nodes);
+    CostModel model(t, ncclLikeLatencies());
+    size_t big = size_t{1} << 30, small = size_t{1} << 20;
+    auto slope = [&](int algorithm) {
+      return model.estimateUs(kAllReduce, algorithm, kSimple, big) -
+             model.estimateUs(kAllReduce, algorithm, kSimple, small);
+    };
+    double tree = slope(kTree), ring = slope(kRing);
+    const double n = t.nRanks;
+    const double treeBytes = t.nRanks > 2 ? 2.0 : 1.0, ringBytes = 2.0 * (n - 1) / n;
+    EXPECT_NEAR(tree / ring, treeBytes / ringBytes / ModelConstants().treeEfficiency, 1e-6) << gpus << "x" << nodes;
+  }
+}
+
 TEST(CostModel, AggregatedOpsShareTheLaunchLatency) {
   CostModel model(topology(8, 1), ncclLikeLatencies());
   EXPECT_LT(model.estimateUs(kAllReduce, kRing, kLL, 64, 4), model.estimateUs(kAllReduce, kRing, kLL, 64, 1));
@@ -220,6 +275,37 @@ TEST(Tuner, PicksLowLatencyForTinyAndSimpleForHugeMessages) {
     // Two ranks move the same bytes either way; the ring pipelines better.
     if (t.nRanks == 2) {
       EXPECT_EQ(huge.choice().first, kRing);
+    }
+  }
+}
+
+// The choices the 2 x H200 sweep measured best (docs/benchmarks/tuner.md, all_reduce over NVLink,
+// forced through the tuner, 3 repetitions): Ring-LL up to 2 MiB (Ring-LL-32 28.8 us against
+// Ring-Simple-32 36.2 at 2 MiB), Ring-Simple from 16 MiB. With NCCL's own constants the model
+// crosses from LL to Simple at ~2.7 MB (measured: between 2 and 16 MiB).
+TEST(Tuner, TwoH200RanksFollowTheMeasuredAllReduceChoices) {
+  Tuner tuner(1, CostModel(topology(2, 1), nccl2289Latencies(1)), TunerSettings{});
+  for (size_t bytes : {size_t{8}, size_t{64}, size_t{512}, size_t{4096}, size_t{32768}, size_t{256} << 10,
+                       size_t{2} << 20, size_t{16} << 20, size_t{128} << 20}) {
+    Table table({kTree, kRing});
+    int channels = 0;
+    tuner.decide(kAllReduce, bytes, 1, 0, table.data(), kNumAlgorithms, kNumProtocols, &channels);
+    const int expected = bytes <= (size_t{2} << 20) ? kLL : kSimple;
+    EXPECT_EQ(table.choice(), std::make_pair(static_cast<int>(kRing), expected)) << bytes << " bytes";
+    EXPECT_EQ(channels, 0) << "NCCL keeps its channel count";
+  }
+}
+
+// Inside one NVLink node the ring carries bandwidth-bound all-reduces, as in NCCL's own model: a
+// chain's interior ranks send twice what a ring's ranks send.
+TEST(Tuner, RingCarriesBandwidthBoundAllReduceInsideANode) {
+  for (int gpus : {4, 8}) {
+    Tuner tuner(1, CostModel(topology(gpus, 1), nccl2289Latencies(1)), TunerSettings{});
+    for (size_t bytes = size_t{256} << 10; bytes <= (size_t{1} << 30); bytes *= 8) {
+      Table table({kTree, kRing});
+      int channels = 0;
+      tuner.decide(kAllReduce, bytes, 1, 0, table.data(), kNumAlgorithms, kNumProtocols, &channels);
+      EXPECT_EQ(table.choice().first, kRing) << gpus << " GPUs, " << bytes << " bytes";
     }
   }
 }
