@@ -194,11 +194,13 @@ for step in $steps; do
   tunesweep)
     # ~1.6 s per configuration run: 22 configurations x 3 repetitions is ~2 min per collective and
     # net, so a 10-minute device call takes a subset (UNIFAB_TUNESWEEP_NETS, UNIFAB_TUNESWEEP_OPS).
-    # Configurations are forced through the tuner (a rule file each, --force tuner): what a tuner can choose.
+    # Configurations are forced through the tuner (a rule file each, --force tuner): what a tuner can choose;
+    # --log-tuning adds what the tuner and NCCL chose per size (an untimed run each); over unifab
+    # every rank is a node of its own (NCCL_HOSTID).
     say "== unifab-bench tune-sweep: forced NCCL configurations against the tuner and NCCL's default"
     for net in ${UNIFAB_TUNESWEEP_NETS:-nvlink unifab}; do
       "$bench" tune-sweep --net $net --ops "${UNIFAB_TUNESWEEP_OPS:-all_reduce,all_gather,reduce_scatter}" \
-        --min 8 --max 256M --factor 8 --iters 20 --warmup 5 --reps 3 --channels 2,8,32 \
+        --min 8 --max 256M --factor 8 --iters 20 --warmup 5 --reps 3 --channels 2,8,32 --log-tuning \
         --out "$logs/tune-sweep-$net" >"$logs/tune-sweep-$net.txt" 2>&1 || failed=1
       grep -E "^#|^  " "$logs/tune-sweep-$net.txt" | tee -a "$summary"
     done

@@ -1,6 +1,7 @@
 #include "tuner/tuner.h"
 
 #include <cinttypes>
+#include <string>
 
 #include "plugin/log.h"
 
@@ -12,8 +13,29 @@ Tuner::Tuner(uint64_t commId, const CostModel& model, TunerSettings settings)
 void Tuner::decide(int collective, size_t bytes, int numPipeOps, int regBuff, float* table, int numAlgorithms,
                    int numProtocols, int* channels) const {
   if (!settings_.enabled || table == nullptr || collective < 0 || collective >= kNumCollectives) return;
-  if (applyRule(collective, bytes, numPipeOps, regBuff, table, numAlgorithms, numProtocols, channels)) return;
-  applyModel(collective, bytes, numPipeOps, table, numAlgorithms, numProtocols);
+  if (applyRule(collective, bytes, numPipeOps, regBuff, table, numAlgorithms, numProtocols, channels)) {
+    logChoice(collective, bytes, table, numAlgorithms, numProtocols, "a rule", channels != nullptr ? *channels : 0);
+    return;
+  }
+  const bool modelled = applyModel(collective, bytes, numPipeOps, table, numAlgorithms, numProtocols);
+  logChoice(collective, bytes, table, numAlgorithms, numProtocols, modelled ? "the model" : "NCCL's table", 0);
+}
+
+void Tuner::logChoice(int collective, size_t bytes, const float* table, int numAlgorithms, int numProtocols,
+                      const char* by, int channels) const {
+  int range = 0;
+  while (range < 63 && (bytes >> (range + 1)) != 0) ++range;
+  const uint64_t bit = uint64_t{1} << range;
+  if ((loggedSizes_[collective].fetch_or(bit, std::memory_order_relaxed) & bit) != 0) return;
+  int best = -1;
+  for (int i = 0; i < numAlgorithms * numProtocols; ++i) {
+    if (table[i] >= 0 && (best < 0 || table[i] < table[best])) best = i;
+  }
+  if (best < 0) return;
+  UF_INFO(kTuner, kLogTuning, "comm 0x%" PRIx64 ": %s %zu bytes (first call in [2^%d, 2^%d)) -> %s/%s by %s, %s", commId_,
+          collectiveName(collective), bytes, range, range + 1, algorithmName(best / numProtocols),
+          protocolName(best % numProtocols), by,
+          channels > 0 ? ("channels " + std::to_string(channels)).c_str() : "channels NCCL's");
 }
 
 bool Tuner::applyRule(int collective, size_t bytes, int numPipeOps, int regBuff, float* table, int numAlgorithms,

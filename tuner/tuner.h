@@ -4,6 +4,8 @@
 // Whenever the tuner is unsure it leaves the table as NCCL filled it.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -34,10 +36,16 @@ class Tuner {
                  int numProtocols, int* channels) const;
   bool applyModel(int collective, size_t bytes, int numPipeOps, float* table, int numAlgorithms,
                   int numProtocols) const;
+  // INFO (NCCL_DEBUG_SUBSYS=TUNING): the entry the table now favours, once per collective and
+  // power-of-two size range per communicator, so that a run shows what was chosen without a line
+  // per call.
+  void logChoice(int collective, size_t bytes, const float* table, int numAlgorithms, int numProtocols,
+                 const char* by, int channels) const;
 
   uint64_t commId_;
   CostModel model_;
   TunerSettings settings_;
+  mutable std::array<std::atomic<uint64_t>, kNumCollectives> loggedSizes_{};  // bit k: a size in [2^k, 2^(k+1))
 };
 
 }  // namespace unifab::tuner

@@ -12,8 +12,12 @@
 // times, interleaved (these shared machines drift from minute to minute), and each
 // configuration's time per size is the median over the repetitions. Writes one CSV per
 // configuration and repetition and a summary: per size, the best forced configuration, and how
-// far the tuner and NCCL's default are from it.
+// far the tuner and NCCL's default are from it. With --net unifab every rank is a node of its own
+// (per-rank NCCL_HOSTID), so NCCL and the tuner see the network the traffic crosses. With
+// --log-tuning, one more (untimed) run of the tuner and of NCCL's default logs NCCL_DEBUG_SUBSYS=
+// TUNING, and the choices each logged (unifab's tuner: once per size range) close the op's table.
 #include <cuda_runtime.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -76,6 +80,41 @@ std::map<size_t, double> readTimes(const std::string& path) {
   return times;
 }
 
+// Where a --log-tuning run's NCCL_DEBUG_FILE goes (NCCL appends ".<host>.<pid>").
+std::string tuningLog(const std::string& out, const std::string& op, const std::string& net, const std::string& label) {
+  return out + "/" + op + "." + net + "." + label + ".tuning";
+}
+
+// The choices a --log-tuning run logged: unifab's tuner's lines ("-> algorithm/protocol by ..."),
+// and any per-call choice NCCL itself logs at INFO, each distinct line once (the ranks' alike).
+void printTuningChoices(const std::string& prefix, const char* label) {
+  const std::string directory = prefix.substr(0, prefix.rfind('/') + 1);
+  const std::string stem = prefix.substr(directory.size());
+  std::vector<std::string> seen;
+  DIR* dir = opendir(directory.c_str());
+  if (dir == nullptr) return;
+  for (dirent* entry = readdir(dir); entry != nullptr; entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.compare(0, stem.size(), stem) != 0) continue;
+    std::ifstream in(directory + name);
+    for (std::string line; std::getline(in, line);) {
+      const bool unifab = line.find(" bytes (first call in ") != std::string::npos;
+      const bool nccl = line.find("Bytes -> Algo") != std::string::npos || line.find("Best tuning") != std::string::npos;
+      if (!unifab && !nccl) continue;
+      const size_t info = line.find("INFO ");
+      std::string text = info == std::string::npos ? line : line.substr(info + 5);
+      const size_t comm = text.find("comm 0x"), colon = text.find(": ", comm == std::string::npos ? 0 : comm);
+      if (comm != std::string::npos && colon != std::string::npos) text.erase(comm, colon + 2 - comm);  // ranks alike
+      if (std::find(seen.begin(), seen.end(), text) == seen.end()) seen.push_back(text);
+    }
+  }
+  closedir(dir);  // in the order logged (sizes grow), the files' in directory order
+  constexpr size_t kMaxLines = 60;
+  printf("# %s, NCCL_DEBUG_SUBSYS=TUNING (%zu distinct choice lines%s):\n", label, seen.size(),
+         seen.size() > kMaxLines ? ", the first 60" : "");
+  for (size_t i = 0; i < seen.size() && i < kMaxLines; ++i) printf("#   %s\n", seen[i].c_str());
+}
+
 }  // namespace
 
 int runTuneSweep(Args& args, const char* self) {
@@ -92,6 +131,7 @@ int runTuneSweep(Args& args, const char* self) {
   const std::string out = args.value("--out", "tune-sweep");
   const std::string force = args.value("--force", "tuner");
   const int nRanks = atoi(args.value("--nranks", "0").c_str());
+  const bool logTuning = args.flag("--log-tuning");
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench tune-sweep: unknown argument '%s'\n", args.leftovers()[0].c_str());
     return 2;
@@ -107,7 +147,8 @@ int runTuneSweep(Args& args, const char* self) {
   }
   std::vector<std::string> netEnvironment;
   if (net == "unifab") {
-    netEnvironment = {"NCCL_NET_PLUGIN=" + library, "NCCL_NET=unifab", "NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1"};
+    netEnvironment = {"NCCL_NET_PLUGIN=" + library, "NCCL_NET=unifab", "NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1",
+                      "NCCL_HOSTID=unifab-sweep-host-%r"};
   } else if (net != "nvlink") {
     fprintf(stderr, "unifab-bench tune-sweep: --net is nvlink or unifab (NET forced over unifab's transport)\n");
     return 2;
@@ -143,7 +184,7 @@ int runTuneSweep(Args& args, const char* self) {
                          {"NCCL_TUNER_PLUGIN=" + library, "NCCL_MIN_NCHANNELS=" + mostChannels}, false});
     }
     for (const std::string& algo : algorithmsFor(op)) {
-      if (force == "tuner" && algo == "PAT") {
+      if (force == "tuner" && algo == "PAT" && net == "nvlink") {
         // NCCL rules PAT out with several GPUs per node, and the tuner then falls back to its model
         // (the rule is skipped), so the run would not be the configuration it is named after.
         printf("# %s: PAT is not forced through the tuner on one node (NCCL rules it out)\n", op.c_str());
@@ -178,6 +219,7 @@ int runTuneSweep(Args& args, const char* self) {
     }
     std::map<std::string, std::map<size_t, std::vector<double>>> samples;  // label -> bytes -> one per rep
     // One run of `coll` in fresh processes; false when NCCL refused or failed the configuration.
+    // Repetition 0 is the untimed --log-tuning run.
     auto runOnce = [&](const Config& config, int rep) {
       const std::string csv = out + "/" + op + "." + net + "." + config.label + ".rep" + std::to_string(rep) + ".csv";
       test::LaunchOptions launch;
@@ -190,13 +232,25 @@ int runTuneSweep(Args& args, const char* self) {
       }
       launch.environment.insert(launch.environment.end(), netEnvironment.begin(), netEnvironment.end());
       launch.environment.insert(launch.environment.end(), config.environment.begin(), config.environment.end());
+      if (rep == 0) {
+        launch.environment.insert(launch.environment.end(),
+                                  {"NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=TUNING",
+                                   "NCCL_DEBUG_FILE=" + tuningLog(out, op, net, config.label) + ".%h.%p"});
+      }
       const std::vector<std::string> argv = {self, "coll", "--op", op, "--min", minBytes, "--max", maxBytes,
                                              "--factor", factor, "--iters", iters, "--warmup", warmup, "--csv", csv};
       remove(csv.c_str());
       if (test::launchRanks(launch, argv) != 0) return false;
-      for (const auto& [bytes, us] : readTimes(csv)) samples[config.label][bytes].push_back(us);
+      if (rep > 0) {
+        for (const auto& [bytes, us] : readTimes(csv)) samples[config.label][bytes].push_back(us);
+      }
       return true;
     };
+    if (logTuning) {
+      for (const Config& config : configs) {
+        if (config.label == "default" || config.label == "unifab-tuner") runOnce(config, 0);
+      }
+    }
     for (int rep = 1; rep <= reps; ++rep) {
       for (const Config& config : configs) {
         if (!runOnce(config, rep)) {
@@ -258,6 +312,9 @@ int runTuneSweep(Args& args, const char* self) {
       fprintf(summary, "%s,%s,%zu,%s,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n", op.c_str(), net.c_str(), bytes,
               best.c_str(), bestUs, tunerUs, tunerGap, defaultUs, defaultGap, tunerBuiltUs, gapOf(tunerBuiltUs),
               defaultBuiltUs, gapOf(defaultBuiltUs));
+    }
+    if (logTuning) {
+      for (const char* label : {"unifab-tuner", "default"}) printTuningChoices(tuningLog(out, op, net, label), label);
     }
   }
   fclose(summary);

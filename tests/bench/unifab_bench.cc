@@ -37,10 +37,11 @@ void usage() {
       "  engram --rows LIST --fetch BYTES --iters N [--csv FILE]\n"
       "        Engram fetches of random peer rows per engine and SM count, against a plain gather kernel\n"
       "  tune-sweep --ops LIST --channels LIST --protocols LIST --min B --max B --factor F --iters N\n"
-      "        --reps N --net nvlink|unifab --force tuner|env --out DIR: every forced NCCL configuration\n"
-      "        (through unifab's tuner, or NCCL_ALGO/NCCL_PROTO), NCCL's default\n"
+      "        --reps N --net nvlink|unifab --force tuner|env --out DIR [--log-tuning]: every forced NCCL\n"
+      "        configuration (through unifab's tuner, or NCCL_ALGO/NCCL_PROTO), NCCL's default\n"
       "        and unifab's tuner (also with the most channels built), interleaved N times; per size the\n"
-      "        best configuration and the gaps, medians over the repetitions (DIR/summary.csv)\n"
+      "        best configuration and the gaps, medians over the repetitions (DIR/summary.csv); unifab:\n"
+      "        NET forced, a node per rank; --log-tuning: the choices the tuner and NCCL log\n"
       "  copy-routes --bytes BYTES --busy-ms MS\n"
       "        each device-to-device copy route alone and next to a kernel holding every SM (one process)\n");
 }

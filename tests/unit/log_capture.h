@@ -30,6 +30,15 @@ class LogCapture {
     }
     return result;
   }
+  // Lines logged at `level` that contain `fragment`.
+  int count(LogLevel level, const std::string& fragment) const {
+    std::lock_guard<std::mutex> lock(mutex());
+    int n = 0;
+    for (const auto& entry : lines()) {
+      if (entry.first == static_cast<int>(level) && entry.second.find(fragment) != std::string::npos) ++n;
+    }
+    return n;
+  }
   bool warned(const std::string& fragment) const {
     for (const std::string& line : warnings()) {
       if (line.find(fragment) != std::string::npos) return true;

@@ -310,6 +310,23 @@ TEST(Tuner, RingCarriesBandwidthBoundAllReduceInsideANode) {
   }
 }
 
+// With NCCL_DEBUG_SUBSYS=TUNING a run shows what the tuner chose: one INFO line per collective and
+// power-of-two size range per communicator, not one per call.
+TEST(Tuner, LogsEachSizeRangesChoiceOnce) {
+  unifab::test::LogCapture log;
+  Tuner tuner(7, CostModel(topology(2, 1), nccl2289Latencies(1)), TunerSettings{});
+  for (size_t bytes : {size_t{4096}, size_t{4096}, size_t{5000}, size_t{8192}, size_t{2} << 20}) {
+    Table table({kTree, kRing});
+    int channels = 0;
+    tuner.decide(kAllReduce, bytes, 1, 0, table.data(), kNumAlgorithms, kNumProtocols, &channels);
+  }
+  EXPECT_EQ(log.count(unifab::LogLevel::kInfo, "allreduce 4096 bytes (first call in [2^12, 2^13)) -> ring/ll by the model"), 1);
+  EXPECT_EQ(log.count(unifab::LogLevel::kInfo, "allreduce 5000 bytes"), 0);
+  EXPECT_EQ(log.count(unifab::LogLevel::kInfo, "allreduce 8192 bytes (first call in [2^13, 2^14))"), 1);
+  EXPECT_EQ(log.count(unifab::LogLevel::kInfo, "allreduce 2097152 bytes (first call in [2^21, 2^22)) -> ring/ll"), 1);
+  EXPECT_EQ(log.count(unifab::LogLevel::kInfo, "comm 0x7: allreduce"), 3);
+}
+
 TEST(Tuner, TreeWinsLatencyBoundAllReduceAcrossManyNodes) {
   Topology t = topology(8, 16);
   Tuner tuner(1, CostModel(t, ncclLikeLatencies()), TunerSettings{});
