@@ -22,6 +22,7 @@ Result createSelected(std::shared_ptr<Transport>* transport) {
     options.busyPollUs = p.socketBusyPollUs;
     options.speedMbps = p.socketSpeedMbps;
     options.bufferBytes = p.socketBufferBytes;
+    options.timeoutS = p.socketTimeoutS;
     options.connection.maxRecvs = p.socketMaxRecvs;
     options.connection.chunkBytes = static_cast<size_t>(p.socketChunkBytes);
     options.connection.inlineBytes = static_cast<size_t>(p.socketInlineBytes);

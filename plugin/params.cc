@@ -76,6 +76,11 @@ const std::vector<ParamEntry>& entries() {
         "SO_SNDBUF/SO_RCVBUF of each stream; 0 keeps the kernel's autotuning"},
        4 * kKiB, kGiB, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.socketBufferBytes = v; },
        true},
+      {{"UNIFAB_SOCKET_TIMEOUT_S", ParamType::kInt, "120", "0..86400",
+        "Seconds a stream may go unacknowledged (data in flight, or keepalive probes while idle) before "
+        "its connection fails with an error; 0 keeps the kernel's TCP defaults, under which a peer host "
+        "that vanishes without closing its sockets leaves requests pending for hours"},
+       0, 86400, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.socketTimeoutS = static_cast<int>(v); }},
       {{"UNIFAB_TUNER_ENABLE", ParamType::kBool, "1", "0 or 1",
         "0 leaves every NCCL cost table untouched"},
        0, 1, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.tunerEnable = v != 0; }},

@@ -27,6 +27,7 @@ struct Params {
   int socketMaxRecvs;            // UNIFAB_SOCKET_MAX_RECVS
   int socketSpeedMbps;           // UNIFAB_SOCKET_SPEED_MBPS (0: read from sysfs)
   int64_t socketBufferBytes;     // UNIFAB_SOCKET_BUFFER_BYTES (0: kernel default)
+  int socketTimeoutS;            // UNIFAB_SOCKET_TIMEOUT_S (0: the kernel's TCP defaults)
   // tuner/
   bool tunerEnable;              // UNIFAB_TUNER_ENABLE
   std::string tunerConfig;       // UNIFAB_TUNER_CONFIG

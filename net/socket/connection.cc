@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 namespace unifab::net::socket {
@@ -197,8 +198,9 @@ Result SocketSendComm::isend(const void* data, size_t size, int tag, MemoryRegio
 }
 
 int SocketSendComm::findSlot(const Announced& announced, int tag) {
+  // Tags are compared for a single buffer too (as NCCL's IB transport does): NCCL posts matching
+  // tags, and a send of another tag landing in that buffer would be silent corruption.
   const ClearToSend& receive = announced.receive;
-  if (receive.count == 1) return (announced.filled & 1u) ? -1 : 0;  // tags only matter when grouped
   bool tagPosted = false;
   for (uint32_t slot = 0; slot < receive.count; ++slot) {
     if (receive.slots[slot].tag != tag) continue;
@@ -299,7 +301,7 @@ SocketSendComm::Drain SocketSendComm::drainWriter(int stream, size_t limit) {
     if (!state.busy) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (state.queue.empty()) return Drain::kEmpty;
-      if (limit > 0 && state.queue.front().header.length > limit) return Drain::kDeferred;
+      if (state.queue.front().header.length > limit) return Drain::kDeferred;
       state.current = state.queue.front();
       state.queue.pop_front();
       state.busy = true;
@@ -321,7 +323,7 @@ SocketSendComm::Drain SocketSendComm::drainWriter(int stream, size_t limit) {
   }
 }
 
-void SocketSendComm::onWritable(int stream) { pumpWrites(stream, 0); }
+void SocketSendComm::onWritable(int stream) { pumpWrites(stream, SIZE_MAX); }  // a progress thread: any size
 
 void SocketSendComm::onReadable(int stream) {
   if (stream == 0) {
@@ -571,7 +573,7 @@ void SocketRecvComm::finishChunk(RecvRequest* request, uint32_t slot, uint64_t l
   }
 }
 
-void SocketRecvComm::onReadable(int stream) { pumpReads(stream, 0); }
+void SocketRecvComm::onReadable(int stream) { pumpReads(stream, SIZE_MAX); }  // a progress thread: any size
 
 bool SocketRecvComm::consumeStaged(Stream& stream) {
   char* staging = stream.staging.get();
@@ -616,7 +618,7 @@ void SocketRecvComm::pumpReads(int index, size_t limit) {
     Io io;
     if (stream.inPayload && stream.remaining > kStagingBytes) {
       // A large payload is left to the progress thread; epoll keeps reporting the data.
-      if (limit > 0 && stream.header.length > limit) return;
+      if (stream.header.length > limit) return;
       io = readSome(fd(index), stream.destination, stream.remaining, &got, &err);
       stream.destination += got;
       stream.remaining -= got;

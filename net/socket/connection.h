@@ -135,8 +135,9 @@ class SocketSendComm final : public HostMemoryComm<SendComm>, public StreamSet {
   // grouped receive has no buffer with this tag at all (a usage error).
   static int findSlot(const Announced& announced, int tag);
   uint32_t startMessageLocked(SendRequest* request, const ClearToSend& receive, uint32_t slot);
-  // Writes queued chunks of `stream` if this thread can take the writer role. `limit` > 0 leaves
-  // payloads above `limit` bytes to the progress thread.
+  // Writes queued chunks of `stream` if this thread can take the writer role, leaving payloads
+  // above `limit` bytes to the progress thread (which passes SIZE_MAX; inlineBytes = 0: headers
+  // and empty messages only).
   void pumpWrites(int stream, size_t limit);
   void pumpStreams(uint32_t streams, size_t limit);
   Drain drainWriter(int stream, size_t limit);
@@ -207,8 +208,8 @@ class SocketRecvComm final : public HostMemoryComm<RecvComm>, public StreamSet {
     size_t stagedEnd = 0;
   };
 
-  // Reads chunks of `stream` if this thread can take the reader role; `limit` > 0 stops before
-  // receiving a payload larger than `limit`, leaving it to the progress thread.
+  // Reads chunks of `stream` if this thread can take the reader role, stopping before a payload
+  // larger than `limit`, which it leaves to the progress thread (which passes SIZE_MAX).
   void pumpReads(int stream, size_t limit);
   // Places the staged bytes: headers start chunks, payload bytes go to their destination.
   // False (with the connection failed) on a protocol error.

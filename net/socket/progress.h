@@ -34,7 +34,7 @@ struct StreamRegistration {
   int worker = -1;
   std::mutex mutex;  // guards the interest flags and their epoll_ctl calls
   bool wantWrite = false;
-  bool detached = false;
+  std::atomic<bool> detached{false};  // read without the mutex by the worker loop
   std::atomic<bool> writeRequested{false};  // queued for onWritable by requestWrite
 };
 

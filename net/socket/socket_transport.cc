@@ -45,13 +45,30 @@ class FdGuard {
   int fd_;
 };
 
-Result configureStream(int fd, int64_t bufferBytes) {
+// A peer host that dies without closing its sockets (power loss, a partition) sends no FIN or RST:
+// with the kernel's defaults an idle stream never learns of it and a stream with data in flight
+// retries for ~15 minutes, so the requests on it would stay pending. Keepalive probes over the
+// first quarter of `timeoutS` and then every eighth, and a user timeout on unacknowledged data,
+// turn that into a socket error within ~timeoutS, which fails the connection's requests.
+Result configureStream(int fd, int64_t bufferBytes, int timeoutS) {
   int one = 1;
   UF_SYSCHECK(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)), kNet, "setsockopt(TCP_NODELAY)");
   if (bufferBytes > 0) {
     int bytes = static_cast<int>(bufferBytes);
     UF_SYSCHECK(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes)), kNet, "setsockopt(SO_SNDBUF)");
     UF_SYSCHECK(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes)), kNet, "setsockopt(SO_RCVBUF)");
+  }
+  if (timeoutS > 0) {
+    const int idle = std::max(1, timeoutS / 4), interval = std::max(1, timeoutS / 8);
+    const int probes = std::max(1, (timeoutS - idle) / interval);
+    const unsigned int userTimeoutMs = static_cast<unsigned int>(timeoutS) * 1000u;
+    UF_SYSCHECK(setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one)), kNet, "setsockopt(SO_KEEPALIVE)");
+    UF_SYSCHECK(setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle)), kNet, "setsockopt(TCP_KEEPIDLE)");
+    UF_SYSCHECK(setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval)), kNet,
+                "setsockopt(TCP_KEEPINTVL)");
+    UF_SYSCHECK(setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes)), kNet, "setsockopt(TCP_KEEPCNT)");
+    UF_SYSCHECK(setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &userTimeoutMs, sizeof(userTimeoutMs)), kNet,
+                "setsockopt(TCP_USER_TIMEOUT)");
   }
   return unifabSuccess;
 }
@@ -121,7 +138,7 @@ class SocketListenComm final : public ListenComm {
         return UF_ERROR(unifabSystemError, kNet, "accept on listen fd %d failed: %s", fd_, strerror(err));
       }
       FdGuard guard(streamFd);
-      UF_CHECK(configureStream(streamFd, options_.bufferBytes));
+      UF_CHECK(configureStream(streamFd, options_.bufferBytes, options_.timeoutS));
       pending_.push_back(Pending{guard.release(), Hello{}, 0});
     }
   }
@@ -202,7 +219,7 @@ class Connector {
       int fd = ::socket(handle_.address.sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
       UF_SYSCHECK(fd, kNet, "socket()");
       streams_.push_back(Stream{fd, false, 0, Hello{}});
-      UF_CHECK(configureStream(fd, options_.bufferBytes));
+      UF_CHECK(configureStream(fd, options_.bufferBytes, options_.timeoutS));
       if (::connect(fd, &handle_.address.sa, handle_.addressLength) != 0 && errno != EINPROGRESS) {
         int err = errno;
         return UF_ERROR(unifabRemoteError, kNet, "connect to %s failed: %s", peer.c_str(), strerror(err));

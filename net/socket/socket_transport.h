@@ -20,6 +20,7 @@ struct SocketTransportOptions {
   int busyPollUs = -1;  // -1: 100 us where each thread has 4 cores to itself, else 0
   int speedMbps = 0;  // 0: per interface from sysfs, 10000 if unknown
   int64_t bufferBytes = 0;
+  int timeoutS = 120;  // unacknowledged seconds before a stream fails (keepalive, TCP_USER_TIMEOUT); 0: kernel's
   ConnectionOptions connection;
 };
 

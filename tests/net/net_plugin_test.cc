@@ -3,6 +3,9 @@
 // checks the bytes that arrive against a pattern, and every wait has a deadline, so a hang fails
 // the test instead of stalling CI.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -138,6 +141,34 @@ TEST_F(NetTest, MessagesOfManySizesArriveIntact) {
     EXPECT_EQ(firstMismatch(in->bytes.data(), size, seed), SIZE_MAX) << "size " << size;
     ++seed;
   }
+}
+
+// TCP streams of this process whose user timeout (ms) is `timeoutMs`, with keepalive on.
+int streamsWithTimeout(unsigned int timeoutMs) {
+  int found = 0;
+  for (int fd = 0; fd < 4096; ++fd) {
+    int type = 0;
+    socklen_t length = sizeof(type);
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM) continue;
+    unsigned int userTimeout = 0;
+    int keepalive = 0;
+    length = sizeof(userTimeout);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &userTimeout, &length) != 0) continue;
+    length = sizeof(keepalive);
+    if (getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &keepalive, &length) != 0) continue;
+    if (userTimeout == timeoutMs && keepalive != 0) ++found;
+  }
+  return found;
+}
+
+// A peer host that vanishes without closing its sockets sends no FIN: keepalive and a user
+// timeout on every stream (UNIFAB_SOCKET_TIMEOUT_S, 120 s by default) turn it into an error.
+TEST_F(NetTest, EveryStreamCarriesKeepaliveAndAUserTimeout) {
+  const int before = streamsWithTimeout(120000);
+  connect();
+  // Both ends of every stream of the connection (UNIFAB_SOCKET_NSTREAMS, 4 by default) are in this process.
+  EXPECT_GE(streamsWithTimeout(120000) - before, 2) << "the sending and the receiving end";
+  EXPECT_EQ((streamsWithTimeout(120000) - before) % 2, 0);
 }
 
 TEST_F(NetTest, ZeroByteMessages) {
@@ -367,6 +398,20 @@ TEST_F(NetTest, SendWithATagNoGroupedBufferHasFailsInsteadOfHanging) {
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(waitRequest(net_, s, nullptr, 10.0), WaitOutcome::kError);
   EXPECT_FALSE(capturedWarnings().empty());
+}
+
+// A single-buffer receive compares the tag too: another tag's bytes never land in it.
+TEST_F(NetTest, SendWithAnotherTagThanASingleReceiveFailsInsteadOfLandingInIt) {
+  connect();
+  Buffer* in = buffer(recv_, 100, 0x11);
+  void* r = postRecv(in, 100, 1);
+  ASSERT_NE(r, nullptr);
+  Buffer* out = buffer(send_, 100, 0x22);
+  void* s = postSend(out, 100, 2);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(waitRequest(net_, s, nullptr, 10.0), WaitOutcome::kError);
+  EXPECT_TRUE(std::all_of(in->bytes.begin(), in->bytes.end(), [](unsigned char b) { return b == 0x11; }))
+      << "the receive buffer kept its contents";
 }
 
 TEST_F(NetTest, SixtyFourMebibyteMessage) {
