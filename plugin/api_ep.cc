@@ -85,10 +85,7 @@ UNIFAB_API unifabResult_t unifabEpLowLatencyCombine(unifabEpGroup_t group, unifa
 }
 
 UNIFAB_API unifabResult_t unifabEpHandleDestroy(unifabEpHandle_t handle) {
-  return guarded(LogComponent::kExt, "unifabEpHandleDestroy", [&] {
-    delete handle;
-    return unifabSuccess;
-  });
+  return guarded(LogComponent::kExt, "unifabEpHandleDestroy", [&] { return unifabEpGroup::destroyHandle(handle); });
 }
 
 UNIFAB_API unifabResult_t unifabEpGetAsyncError(unifabEpGroup_t group) {

@@ -159,8 +159,8 @@ Result SymmetricWindow::create(std::shared_ptr<DeviceComm> comm, size_t bytes, s
   const NcclRuntime& n = comm->nccl();
   DeviceGuard guard(comm->cudaDevice());
   // The last 16 bytes hold a probe that proves every peer's copy is mapped here.
-  size_t probeOffset = (bytes + 15) / 16 * 16;
-  size_t total = probeOffset + 16;
+  const size_t total = registeredBytes(bytes);
+  const size_t probeOffset = total - 16;
   void* memory = nullptr;
   UF_NCCL_CHECK(n.memAlloc(&memory, total), comm->comm());
   created->local_ = static_cast<char*>(memory);

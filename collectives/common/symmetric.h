@@ -47,6 +47,8 @@ class DeviceComm {
 class SymmetricWindow {
  public:
   static Result create(std::shared_ptr<DeviceComm> comm, size_t bytes, std::unique_ptr<SymmetricWindow>* out);
+  // What create(bytes) allocates and registers: the bytes, 16-aligned, then a 16-byte probe.
+  static size_t registeredBytes(size_t bytes) { return (bytes + 15) / 16 * 16 + 16; }
   ~SymmetricWindow();
   SymmetricWindow(const SymmetricWindow&) = delete;
   SymmetricWindow& operator=(const SymmetricWindow&) = delete;

@@ -3,6 +3,7 @@
 #include "collectives/engram/engram_plan.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "collectives/common/copy_engine.h"
 #include "collectives/common/cuda_check.h"
@@ -106,15 +107,22 @@ unifabEngramTable::~unifabEngramTable() {
 Result unifabEngramTable::write(int64_t firstRow, int64_t numRows, const void* rows, const float* scales,
                                 cudaStream_t stream) {
   UF_CHECK(asyncError());
-  if (firstRow < 0 || numRows < 0 || firstRow + numRows > config_.rowsPerRank) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "rows %lld..%lld are outside this rank's 0..%lld",
-                    static_cast<long long>(firstRow), static_cast<long long>(firstRow + numRows - 1),
+  // numRows against what is left after firstRow: firstRow + numRows could wrap.
+  if (firstRow < 0 || numRows < 0 || firstRow > config_.rowsPerRank || numRows > config_.rowsPerRank - firstRow) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "firstRow=%lld, numRows=%lld: rows outside this rank's 0..%lld",
+                    static_cast<long long>(firstRow), static_cast<long long>(numRows),
                     static_cast<long long>(config_.rowsPerRank - 1));
   }
   if (numRows > 0 && rows == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "rows=NULL with numRows=%lld",
                                                       static_cast<long long>(numRows));
   if (numRows > 0 && config_.rowScales && scales == nullptr) {
     return UF_ERROR(unifabInvalidArgument, kExt, "scales=NULL: the table carries a scale per row");
+  }
+  int device = comm_->cudaDevice();
+  UF_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+  if (device != comm_->cudaDevice()) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "stream belongs to CUDA device %d, the table to device %d", device,
+                    comm_->cudaDevice());
   }
   unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
   char* local = window_->localBase();
@@ -148,8 +156,24 @@ Result unifabEngramTable::validate(const unifabEngramFetchArgs_t& a, cudaStream_
     return UF_ERROR(unifabInvalidArgument, kExt, "maxSms=%d is outside 0..%d (0: %d)", a.maxSms, deviceSms_,
                     engram::kDefaultGatherSms);
   }
+  // Bounded so that numRows x rowBytes (the output's size) and the row counts the kernels take as
+  // int64 cannot wrap.
+  const size_t maxRows = static_cast<size_t>(INT64_MAX) / config_.rowBytes;
+  if (a.numRows > maxRows) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "numRows=%zu exceeds %zu (numRows x rowBytes=%zu must fit int64)",
+                    a.numRows, maxRows, config_.rowBytes);
+  }
   if (a.numRows > 0) {
     if (a.rowIds == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "rowIds=NULL with numRows=%zu", a.numRows);
+    if (a.hostRowIds != 0) {
+      // Read on the host: device memory there would fault the process instead of failing the call.
+      cudaPointerAttributes where{};
+      UF_CUDA_CHECK(cudaPointerGetAttributes(&where, a.rowIds));
+      if (where.type == cudaMemoryTypeDevice) {
+        return UF_ERROR(unifabInvalidArgument, kExt,
+                        "rowIds=%p is device memory with hostRowIds=1: host ids must be host-readable", a.rowIds);
+      }
+    }
     if (a.out == nullptr || !aligned16(a.out)) {
       return UF_ERROR(unifabInvalidArgument, kExt, "out=%p must be a non-NULL device pointer aligned to 16 bytes", a.out);
     }
@@ -245,7 +269,7 @@ Result unifabEngramTable::issue(const unifabEngramFetchArgs_t& a, cudaStream_t s
   UF_CUDA_CHECK(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
   cudaError_t forked = cudaEventRecord(after, stream);
   if (forked == cudaSuccess) forked = cudaStreamWaitEvent(stream_, after, 0);
-  cudaEventDestroy(after);  // released once the wait has used it
+  UF_CUDA_WARN(cudaEventDestroy(after));  // released once the wait has used it
   UF_CUDA_CHECK(forked);
   if (a.numRows > 0) {
     const Result fetched = copyEngine ? copyEngineFetch(a) : gatherFetch(a, sms);

@@ -1,8 +1,11 @@
 #include "collectives/ep/ep_group.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <unordered_set>
 #include <vector>
 
 #include "collectives/common/cuda_check.h"
@@ -43,7 +46,8 @@ Result validateConfig(const unifabEpConfig_t& config, int nRanks) {
                     rawEnum(config.mode));
   }
   if (nRanks < 1 || nRanks > kep::kMaxRanks) {
-    return UF_ERROR(unifabInvalidUsage, kExt, "the communicator has %d ranks; EP groups support 1..%d", nRanks, kep::kMaxRanks);
+    return UF_ERROR(unifabInvalidArgument, kExt, "nRanks=%d (the communicator's ranks) is outside the 1..%d an EP group supports",
+                    nRanks, kep::kMaxRanks);
   }
   if (config.numExperts < nRanks || config.numExperts > kep::kMaxExperts || config.numExperts % nRanks != 0) {
     return UF_ERROR(unifabInvalidArgument, kExt, "config->numExperts=%d must be a multiple of the %d ranks in %d..%d",
@@ -278,7 +282,57 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   return unifabSuccess;
 }
 
+namespace {
+
+// The ids of the groups that exist: a handle may outlive its group.
+std::mutex& liveGroupsMutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_set<uint64_t>& liveGroups() {
+  static std::unordered_set<uint64_t> ids;
+  return ids;
+}
+
+}  // namespace
+
+uint64_t unifabEpGroup::nextGroupId() {
+  static std::atomic<uint64_t> last{0};
+  const uint64_t id = last.fetch_add(1, std::memory_order_relaxed) + 1;
+  std::lock_guard<std::mutex> lock(liveGroupsMutex());
+  liveGroups().insert(id);
+  return id;
+}
+
+bool unifabEpGroup::alive(uint64_t id) {
+  std::lock_guard<std::mutex> lock(liveGroupsMutex());
+  return liveGroups().count(id) != 0;
+}
+
+Result unifabEpGroup::destroyHandle(unifabEpHandle* handle) {
+  if (handle != nullptr && handle->lowLatency && alive(handle->groupId)) {
+    if (handle->sent && !handle->received) {
+      return UF_ERROR(unifabInvalidUsage, kExt,
+                      "the handle's low-latency dispatch (#%llu) awaits its receive phase, which every later receive "
+                      "follows: run it (phase unifabEpReceiveOnly) before destroying the handle, or destroy the group",
+                      static_cast<unsigned long long>(handle->dispatchSequence));
+    }
+    if (handle->combineSent && !handle->combineReceived) {
+      return UF_ERROR(unifabInvalidUsage, kExt,
+                      "the handle's low-latency combine (#%llu) awaits its receive phase, which every later receive "
+                      "follows: run it (phase unifabEpReceiveOnly) before destroying the handle, or destroy the group",
+                      static_cast<unsigned long long>(handle->combineSequence));
+    }
+  }
+  delete handle;
+  return unifabSuccess;
+}
+
 unifabEpGroup::~unifabEpGroup() {
+  {
+    std::lock_guard<std::mutex> lock(liveGroupsMutex());
+    liveGroups().erase(id_);
+  }
   std::unique_ptr<unifab::collectives::DeviceGuard> onDevice;
   if (comm_) {
     onDevice = std::make_unique<unifab::collectives::DeviceGuard>(comm_->cudaDevice());
@@ -435,7 +489,7 @@ Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStre
   }
   if (a.cachedHandle != nullptr) {
     const unifabEpHandle* h = a.cachedHandle;
-    if (h->group != this || h->dispatchSequence == 0) {
+    if (h->groupId != id_ || h->dispatchSequence == 0) {
       return UF_ERROR(unifabInvalidArgument, kExt, "cachedHandle does not come from a dispatch on this group");
     }
     if (h->numTokens != a.numTokens || h->layout != a.layout ||
@@ -484,7 +538,7 @@ Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t str
   unifabEpHandle* handle = a.cachedHandle;
   if (!cached) {
     created.reset(new unifabEpHandle());
-    created->group = this;
+    created->groupId = id_;
     created->pool = pool_;
     UF_CHECK(pool_->take(!capturing, &created->buffers));
     handle = created.get();
@@ -554,7 +608,7 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
     return UF_ERROR(unifabInvalidUsage, kExt, "the group was created for low latency: use unifabEpLowLatencyCombine");
   }
   UF_CHECK(asyncError());
-  if (handle == nullptr || handle->group != this || handle->dispatchSequence == 0) {
+  if (handle == nullptr || handle->groupId != id_ || handle->dispatchSequence == 0) {
     return UF_ERROR(unifabInvalidArgument, kExt, "handle does not come from a dispatch on this group");
   }
   if (handle->dispatchSequence != dispatchCount_) {

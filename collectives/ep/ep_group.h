@@ -56,7 +56,9 @@ class RoutingPool {
 // The public handle types are these structs.
 struct unifabEpHandle {
   ~unifabEpHandle();
-  unifabEpGroup* group = nullptr;
+  // The group that made it, by its process-unique id: a destroyed group's address may be reused
+  // by a newer one, whose buffers a stale handle's routing does not fit.
+  uint64_t groupId = 0;
   std::shared_ptr<unifab::collectives::ep::RoutingPool> pool;
   std::unique_ptr<unifab::collectives::ep::RoutingBuffers> buffers;
   int numTokens = 0;
@@ -92,6 +94,11 @@ struct unifabEpGroup {
   // Window bytes of a group of either mode.
   static unifab::Result windowBytes(const unifabEpConfig_t& config, int nRanks, size_t* bytes);
 
+  // unifabEpHandleDestroy: refuses a low-latency handle whose send phase (of its dispatch or its
+  // combine) awaits its receive while its group lives, since the group's later phases wait for that
+  // receive in order; otherwise deletes it.
+  static unifab::Result destroyHandle(unifabEpHandle* handle);
+
   // Window bytes for `config` on `nRanks` ranks, and the offsets of every array.
   static unifab::Result planLayout(const unifabEpConfig_t& config, int nRanks, unifab::kernels::ep::WindowLayout* layout);
 
@@ -124,9 +131,15 @@ struct unifabEpGroup {
   // Dispatches issued on the group. The window and the expert-major rows hold the latest one
   // only, so combine accepts only the handle of that dispatch.
   uint64_t dispatchCount_ = 0;
+  const uint64_t id_ = nextGroupId();  // what handles name this group by (unifabEpHandle::groupId)
+  static uint64_t nextGroupId();
+  static bool alive(uint64_t id);  // a group with this id exists (created, not yet destroyed)
 
   // Low-latency mode: the kernels' view, and the phases issued so far (the n-th send uses buffer
   // set n % 2; receive phases complete sends in their order).
   unifab::kernels::ep::LlView llView_{};
   uint64_t llDispatchSends_ = 0, llDispatchReceives_ = 0, llCombineSends_ = 0, llCombineReceives_ = 0;
+  // Per buffer set: the dispatch whose combine was sent and awaits its receive (0: none). That
+  // receive reads the set's routing, so no send may reuse the set before it runs.
+  uint64_t llCombinePending_[unifab::kernels::ep::kLlSets] = {};
 };

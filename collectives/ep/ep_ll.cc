@@ -61,11 +61,11 @@ Result unifabEpGroup::windowBytes(const unifabEpConfig_t& config, int nRanks, si
   if (config.mode == unifabEpLowLatency) {
     kep::LlLayout layout;
     UF_CHECK(planLowLatencyLayout(config, nRanks, &layout));
-    *bytes = layout.total;
+    *bytes = unifab::collectives::SymmetricWindow::registeredBytes(layout.total);
   } else {
     kep::WindowLayout layout;
     UF_CHECK(planLayout(config, nRanks, &layout));
-    *bytes = layout.total;
+    *bytes = unifab::collectives::SymmetricWindow::registeredBytes(layout.total);
   }
   return unifabSuccess;
 }
@@ -125,7 +125,7 @@ Result unifabEpGroup::validateLowLatencyDispatch(const unifabEpLowLatencyDispatc
   bool capturing = false;
   UF_CHECK(checkStream(stream, &capturing));
   if (a.phase == unifabEpReceiveOnly) {
-    if (receiving == nullptr || receiving->group != this || !receiving->lowLatency || !receiving->sent ||
+    if (receiving == nullptr || receiving->groupId != id_ || !receiving->lowLatency || !receiving->sent ||
         receiving->received) {
       return UF_ERROR(unifabInvalidArgument, kExt,
                       "a receive-only dispatch needs *handle from a send-only low-latency dispatch on this group whose "
@@ -162,6 +162,13 @@ Result unifabEpGroup::validateLowLatencyDispatch(const unifabEpLowLatencyDispatc
                     "%d low-latency dispatches await their receive phase: complete one before the next send",
                     kep::kLlSets);
   }
+  // The set this send reuses holds the routing a pending combine receive still reads.
+  const uint64_t pending = llCombinePending_[llDispatchSends_ % kep::kLlSets];
+  if (pending != 0) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "the combine of dispatch #%llu awaits its receive phase and reads the buffers this send would "
+                    "reuse: complete it (phase unifabEpReceiveOnly) first", static_cast<unsigned long long>(pending));
+  }
   // Receive phases complete sends in order, so a call that receives its own send cannot run while
   // an earlier send awaits its receive (it would wait for data it never reads).
   if (rawEnum(a.phase) == unifabEpSendAndReceive && llDispatchSends_ != llDispatchReceives_) {
@@ -192,7 +199,7 @@ Result unifabEpGroup::lowLatencyDispatch(const unifabEpLowLatencyDispatchArgs_t&
   if (!receiveOnly) {
     created = std::make_unique<unifabEpHandle>();
     h = created.get();
-    h->group = this;
+    h->groupId = id_;
     h->lowLatency = true;
     h->set = static_cast<int>(llDispatchSends_ % kep::kLlSets);
     h->fp8 = a.dtype == unifabEpFp8E4M3;
@@ -243,7 +250,7 @@ Result unifabEpGroup::lowLatencyCombine(unifabEpHandle* h, const unifabEpLowLate
                     "args->size=%zu, expected %zu: initialise it with UNIFAB_EP_LL_COMBINE_ARGS_INIT", a.size,
                     sizeof(unifabEpLowLatencyCombineArgs_t));
   }
-  if (h == nullptr || h->group != this || !h->lowLatency) {
+  if (h == nullptr || h->groupId != id_ || !h->lowLatency) {
     return UF_ERROR(unifabInvalidArgument, kExt, "handle does not come from a low-latency dispatch on this group");
   }
   if (!validPhase(rawEnum(a.phase))) {
@@ -299,10 +306,12 @@ Result unifabEpGroup::lowLatencyCombine(unifabEpHandle* h, const unifabEpLowLate
   if (send) {
     h->combineSent = true;
     h->combineSequence = ++llCombineSends_;
+    if (!receive) llCombinePending_[h->set] = h->dispatchSequence;
   }
   if (receive) {
     h->combineReceived = true;
     ++llCombineReceives_;
+    llCombinePending_[h->set] = 0;
   }
   return unifabSuccess;
 }

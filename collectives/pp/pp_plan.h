@@ -26,12 +26,14 @@ struct Chunk {
 // was measured to post without blocking (1 GiB in 8 MiB chunks).
 constexpr size_t kMaxChunksPerCall = 128;
 
-inline size_t chunkCount(size_t bytes, size_t slotBytes) { return (bytes + slotBytes - 1) / slotBytes; }
+// Written so that it cannot wrap: (bytes + slotBytes - 1) / slotBytes is 0 for bytes near SIZE_MAX,
+// which would pass the per-call bound.
+inline size_t chunkCount(size_t bytes, size_t slotBytes) { return bytes / slotBytes + (bytes % slotBytes != 0); }
 
 // Chunks of a `bytes`-byte transfer that follows `sent` earlier chunks in the same direction.
 inline std::vector<Chunk> planChunks(size_t bytes, size_t slotBytes, int slots, uint64_t sent) {
   std::vector<Chunk> chunks;
-  for (size_t offset = 0; offset < bytes; offset += slotBytes) {
+  for (size_t offset = 0; offset < bytes; offset += chunks.back().bytes) {  // no wrap near SIZE_MAX
     Chunk c;
     c.offset = offset;
     c.bytes = bytes - offset < slotBytes ? bytes - offset : slotBytes;

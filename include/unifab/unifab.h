@@ -193,6 +193,10 @@ UNIFAB_API unifabResult_t unifabEpCombine(unifabEpGroup_t group, unifabEpHandle_
  * refused. */
 UNIFAB_API unifabResult_t unifabEpCombineInputBuffer(unifabEpGroup_t group, void** buffer, int* maxRows);
 
+/* Frees a handle; it may outlive its group. A low-latency handle whose dispatch or combine was
+ * sent and awaits its receive phase is refused (unifabInvalidUsage) while its group lives: the
+ * group's later receive phases follow that one. A send is likewise refused while a sent combine
+ * awaits its receive and the send would reuse that dispatch's buffer set. */
 UNIFAB_API unifabResult_t unifabEpHandleDestroy(unifabEpHandle_t handle);
 
 /* ---- Low-latency mode (a group created with mode = unifabEpLowLatency) -------------------------
@@ -371,10 +375,12 @@ UNIFAB_API unifabResult_t unifabEngramWrite(unifabEngramTable_t table, int64_t f
 UNIFAB_API unifabResult_t unifabEngramFetchIssue(unifabEngramTable_t table, const unifabEngramFetchArgs_t* args,
                                                  cudaStream_t stream, unifabEngramFetch_t* fetch);
 /* Makes `stream` wait for the fetch's rows and releases the fetch. *smsUsed (may be NULL)
- * receives the SMs the fetch held: 0 for the copy engine. */
+ * receives the SMs the fetch held: 0 for the copy engine. When the wait cannot be made (an invalid
+ * stream), the error is returned and the fetch is kept, to be waited for again. */
 UNIFAB_API unifabResult_t unifabEngramWait(unifabEngramFetch_t fetch, cudaStream_t stream, int* smsUsed);
 /* unifabInvalidArgument when a gather kernel met a row id out of range (its row was zeroed), else
- * unifabSuccess. Does not synchronise. */
+ * unifabSuccess. Does not synchronise. The error stays: from then on the table's writes and fetch
+ * issues return it too (a caller's ids are wrong; rows fetched with them are not to be used). */
 UNIFAB_API unifabResult_t unifabEngramGetAsyncError(unifabEngramTable_t table);
 
 #ifdef __cplusplus

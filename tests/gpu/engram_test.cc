@@ -7,6 +7,7 @@
 // unifabEngramGetAsyncError (rows zeroed) for the kernel.
 #include <cuda_runtime.h>
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -233,6 +234,25 @@ bool runTable(NcclSession& session, size_t rowBytes, bool scales) {
   const unifabResult_t refused = unifabEngramFetchIssue(t.handle, &args, session.stream(), &fetch);
   check(refused == unifabInvalidArgument && fetch == nullptr && strstr(unifabGetLastError(), "rowIds[0]") != nullptr,
         name + ": an id outside the table is refused on the host, naming it");
+  // Counts whose sizes would wrap, and host ids that are device memory: refused, naming them.
+  auto refusedNaming = [&](const unifabEngramFetchArgs_t& a, const char* mentions, const std::string& what) {
+    unifabEngramFetch_t none = nullptr;
+    const unifabResult_t got = unifabEngramFetchIssue(t.handle, &a, session.stream(), &none);
+    check(got == unifabInvalidArgument && none == nullptr && strstr(unifabGetLastError(), mentions) != nullptr,
+          name + ": " + what);
+  };
+  unifabEngramFetchArgs_t huge = args;
+  huge.numRows = SIZE_MAX;
+  refusedNaming(huge, "numRows", "numRows=SIZE_MAX is refused");
+  int64_t* deviceIds = nullptr;
+  TEST_CUDA_CHECK(cudaMalloc(&deviceIds, sizeof(int64_t)));
+  unifabEngramFetchArgs_t hostIdsOnDevice = args;
+  hostIdsOnDevice.rowIds = deviceIds;
+  refusedNaming(hostIdsOnDevice, "hostRowIds", "hostRowIds=1 with device memory is refused");
+  cudaFree(deviceIds);
+  const unifabResult_t wrapped = unifabEngramWrite(t.handle, INT64_MAX, 1, out, outScales, session.stream());
+  check(wrapped == unifabInvalidArgument && strstr(unifabGetLastError(), "firstRow") != nullptr,
+        name + ": a write whose last row would wrap past INT64_MAX is refused");
   // ... and the gather kernel reports it (the table then refuses further calls).
   int64_t* deviceOutside = nullptr;
   TEST_CUDA_CHECK(cudaMalloc(&deviceOutside, sizeof(int64_t)));

@@ -218,9 +218,36 @@ bool run(NcclSession& session) {
   expectError(unifabEpDispatch(group, &good, stream, &later, &result), unifabInvalidArgument, "top-k",
               "later calls return the bad-id error");
   TEST_UNIFAB_CHECK(unifabEpHandleDestroy(bad));
+  TEST_UNIFAB_CHECK(unifabEpDestroy(group));
+
+  // A handle outlives its group: a newer group (which the allocator may place at the same address)
+  // refuses it, for cached re-dispatch and for combine.
+  if (!input.upload(data, false, stream)) return false;
+  unifabEpGroup_t first = nullptr, second = nullptr;
+  TEST_UNIFAB_CHECK(unifabEpCreate(session.comm(), &config, &first));
+  unifabEpHandle_t stale = nullptr;
+  TEST_UNIFAB_CHECK(unifabEpDispatch(first, &good, stream, &stale, &result));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
+  TEST_UNIFAB_CHECK(unifabEpDestroy(first));
+  TEST_UNIFAB_CHECK(unifabEpCreate(session.comm(), &config, &second));
+  unifabEpHandle_t fresh = nullptr;
+  TEST_UNIFAB_CHECK(unifabEpDispatch(second, &good, stream, &fresh, &result));  // sequence numbers alike
+  unifabEpDispatchArgs_t cachedStale = good;
+  cachedStale.cachedHandle = stale;
+  cachedStale.topkIdx = nullptr;
+  unifabEpHandle_t unused = nullptr;
+  expectError(unifabEpDispatch(second, &cachedStale, stream, &unused, &result), unifabInvalidArgument, "cachedHandle",
+              "cached re-dispatch with the handle of a destroyed group");
+  unifabEpCombineArgs_t staleCombine = cgood;
+  expectError(unifabEpCombine(second, stale, &staleCombine, stream), unifabInvalidArgument, "handle",
+              "combine with the handle of a destroyed group");
+  TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
+  check(unifabEpGetAsyncError(second) == unifabSuccess, "the refused stale handle leaves the new group usable");
+  TEST_UNIFAB_CHECK(unifabEpHandleDestroy(stale));
+  TEST_UNIFAB_CHECK(unifabEpHandleDestroy(fresh));
+  TEST_UNIFAB_CHECK(unifabEpDestroy(second));
   TEST_CUDA_CHECK(cudaFree(expertOut));
   TEST_CUDA_CHECK(cudaFree(combined));
-  TEST_UNIFAB_CHECK(unifabEpDestroy(group));
   return true;
 }
 

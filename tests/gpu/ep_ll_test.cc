@@ -359,9 +359,30 @@ bool runRefusals(NcclSession& session, unifabEpGroup_t group, const Shape& shape
         "a send-and-receive combine while a combine awaits its receive is refused");
   cargs.phase = unifabEpReceiveOnly;
   TEST_UNIFAB_CHECK(unifabEpLowLatencyCombine(group, second, &cargs, session.stream()));
+  // A send that would reuse the set of a dispatch whose combine awaits its receive is refused (that
+  // receive reads the set's routing), and the receive still completes afterwards.
+  cargs.phase = unifabEpSendOnly;
+  TEST_UNIFAB_CHECK(unifabEpLowLatencyCombine(group, third, &cargs, session.stream()));
+  args.phase = unifabEpSendAndReceive;
+  unifabEpHandle_t fourth = nullptr, fifth = nullptr, pending = nullptr;
+  TEST_UNIFAB_CHECK(unifabEpLowLatencyDispatch(group, &args, session.stream(), &fourth, &result));  // the other set
+  check(unifabEpLowLatencyDispatch(group, &args, session.stream(), &fifth, &result) == unifabInvalidUsage,
+        "a send reusing the set of a dispatch whose combine awaits its receive is refused");
+  cargs.phase = unifabEpReceiveOnly;
+  TEST_UNIFAB_CHECK(unifabEpLowLatencyCombine(group, third, &cargs, session.stream()));
+  TEST_UNIFAB_CHECK(unifabEpLowLatencyDispatch(group, &args, session.stream(), &fifth, &result));
+  // A handle whose send awaits its receive cannot be destroyed while the group lives.
+  args.phase = unifabEpSendOnly;
+  TEST_UNIFAB_CHECK(unifabEpLowLatencyDispatch(group, &args, session.stream(), &pending, &result));
+  check(unifabEpHandleDestroy(pending) == unifabInvalidUsage,
+        "destroying a handle whose dispatch awaits its receive phase is refused");
+  args.phase = unifabEpReceiveOnly;
+  TEST_UNIFAB_CHECK(unifabEpLowLatencyDispatch(group, &args, session.stream(), &pending, nullptr));
   TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
   check(unifabEpGetAsyncError(group) == unifabSuccess, "refused calls leave the group usable");
-  for (unifabEpHandle_t handle : {first, second, third}) TEST_UNIFAB_CHECK(unifabEpHandleDestroy(handle));
+  for (unifabEpHandle_t handle : {first, second, third, fourth, fifth, pending}) {
+    TEST_UNIFAB_CHECK(unifabEpHandleDestroy(handle));
+  }
   return true;
 }
 

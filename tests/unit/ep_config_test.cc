@@ -50,7 +50,7 @@ TEST(EpConfig, EachBadFieldIsNamed) {
       {"config->hidden", [](unifabEpConfig_t* c, int*) { c->hidden = 7000; }, unifabInvalidArgument},
       {"config->maxTokensPerRank", [](unifabEpConfig_t* c, int*) { c->maxTokensPerRank = 0; }, unifabInvalidArgument},
       {"config->maxSms", [](unifabEpConfig_t* c, int*) { c->maxSms = -1; }, unifabInvalidArgument},
-      {"ranks", [](unifabEpConfig_t*, int* n) { *n = 65; }, unifabInvalidUsage},
+      {"nRanks", [](unifabEpConfig_t*, int* n) { *n = 65; }, unifabInvalidArgument},
   };
   for (const BadCase& bad : cases) {
     unifabEpConfig_t config = standard();

@@ -51,6 +51,18 @@ TEST(PpPlan, ChunkCountMatchesThePlan) {
   // The default group (8 MiB slots) takes 1 GiB in one call and no more.
   EXPECT_EQ(chunkCount(size_t{1} << 30, size_t{8} << 20), kMaxChunksPerCall);
   EXPECT_GT(chunkCount((size_t{1} << 30) + 1, size_t{8} << 20), kMaxChunksPerCall);
+  // Near SIZE_MAX the count must not wrap to a small number that passes the per-call bound.
+  EXPECT_EQ(chunkCount(SIZE_MAX, size_t{8} << 20), SIZE_MAX / (size_t{8} << 20) + 1);
+  EXPECT_GT(chunkCount(SIZE_MAX - 5, 100), kMaxChunksPerCall);
+}
+
+TEST(PpPlan, LastChunkNearTheTopOfTheSizeRangeEndsThePlan) {
+  // A plan that ends within one slot of SIZE_MAX: the offsets must not wrap back to 0.
+  const size_t slot = size_t{1} << 62;
+  const auto chunks = planChunks(SIZE_MAX, slot, 4, 0);
+  ASSERT_EQ(chunks.size(), 4u);
+  EXPECT_EQ(chunks.back().offset, 3 * slot);
+  EXPECT_EQ(chunks.back().bytes, SIZE_MAX - 3 * slot);
 }
 
 }  // namespace
