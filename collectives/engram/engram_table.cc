@@ -7,6 +7,7 @@
 
 #include "collectives/common/copy_engine.h"
 #include "collectives/common/cuda_check.h"
+#include "collectives/common/device_range.h"
 #include "collectives/common/device_guard.h"
 #include "collectives/ep/ep_common.h"
 
@@ -193,6 +194,10 @@ Result unifabEngramTable::validate(const unifabEngramFetchArgs_t& a, cudaStream_
   if (device != comm_->cudaDevice()) {
     return UF_ERROR(unifabInvalidArgument, kExt, "stream belongs to CUDA device %d, the table to device %d", device,
                     comm_->cudaDevice());
+  }
+  UF_CHECK(unifab::collectives::checkDeviceRange(a.out, a.numRows * config_.rowBytes, comm_->cudaDevice(), "out"));
+  if (config_.rowScales) {
+    UF_CHECK(unifab::collectives::checkDeviceRange(a.outScales, a.numRows * sizeof(float), comm_->cudaDevice(), "outScales"));
   }
   return unifabSuccess;
 }

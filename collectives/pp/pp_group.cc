@@ -6,6 +6,7 @@
 
 #include "collectives/common/copy_engine.h"
 #include "collectives/common/cuda_check.h"
+#include "collectives/common/device_range.h"
 #include "collectives/common/device_guard.h"
 #include "collectives/pp/pp_plan.h"
 #include "plugin/params.h"
@@ -426,6 +427,9 @@ Result unifabPpGroup::checkCall(const void* data, size_t bytes, int peer, cudaSt
     return UF_ERROR(unifabInvalidArgument, kExt, "stream belongs to CUDA device %d, the group to device %d", device,
                     comm_->cudaDevice());
   }
+  // Before the call is numbered or paired: a bad range found by the copy would leave the peer's
+  // matching call waiting for the watchdog.
+  UF_CHECK(unifab::collectives::checkDeviceRange(data, bytes, comm_->cudaDevice(), "data"));
   return unifabSuccess;
 }
 

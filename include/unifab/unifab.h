@@ -282,18 +282,31 @@ UNIFAB_API unifabResult_t unifabEpLowLatencyCombine(unifabEpGroup_t group, unifa
 UNIFAB_API unifabResult_t unifabEpGetAsyncError(unifabEpGroup_t group);
 
 /* ============================================================================================
- * Pipeline send/recv on an existing NCCL communicator: the sender's copy engine moves each chunk
- * into a slot of the receiver's registered window (no SM on the sender), the receiver copies it
- * out into its buffer (a same-GPU copy, which the CUDA driver runs on SMs), and stream memory
- * operations (wait and write of 64-bit values) announce chunks and release slots. One call takes
- * at most 128 chunks (1 GiB with the default 8 MiB chunks); a larger one is refused with
- * unifabInvalidArgument before anything is posted. Both ranks must be LSA peers (one
- * NVLink domain). A rank's sends to a peer match that peer's receives from it in posting order,
- * and matched sizes must be equal. A transfer larger than the peer's slots (chunksInFlight x
- * chunkBytes) proceeds as the receiver drains them: post the matching receive on a stream that
- * is not waiting behind the send. Calls cannot be captured in a CUDA graph (their chunk numbers
- * are counted on the host). A wait that lasts longer than UNIFAB_PP_TIMEOUT_MS is released by the
- * group's watchdog and reported by unifabPpGetAsyncError (the data of that transfer is lost).
+ * Pipeline send/recv on an existing NCCL communicator, with no kernel of unifab's. Both ranks must
+ * be LSA peers (one NVLink domain). A rank's sends to a peer match that peer's receives from it in
+ * posting order, and matched sizes must be equal. Calls cannot be captured in a CUDA graph (their
+ * numbers are counted on the host). A wait that lasts longer than UNIFAB_PP_TIMEOUT_MS is released
+ * by the group's watchdog and reported by unifabPpGetAsyncError (the data of that transfer is lost).
+ * Two engines (UNIFAB_PP_ENGINE):
+ * - rendezvous (the default, between two ranks): one copy-engine copy between the two buffers, no
+ *   SM on either GPU, made by whichever call is posted second; stream memory operations hand the
+ *   transfer over. At least one of the two buffers must be mappable by legacy CUDA IPC
+ *   (cudaMalloc'd; not a stream-ordered pool or VMM/ncclMemAlloc memory): a call whose buffer is
+ *   not waits on the host for the peer's call and makes the copy itself, so with two unmappable
+ *   buffers both hosts wait until UNIFAB_PP_TIMEOUT_MS and return unifabTimeout. At most 64
+ *   transfers per direction are in flight: the 65th waits on the host for the oldest to end. A
+ *   peer's allocation stays mapped into this process until the group is destroyed (one mapping per
+ *   allocation, so a caching allocator's buffers are mapped once): free memory that was passed to
+ *   a transfer only after unifabPpDestroy (freeing an allocation another process still maps is
+ *   undefined in CUDA).
+ * - slots (UNIFAB_PP_ENGINE=slots, and a rank's transfers to itself): the sender's copy engine
+ *   moves each chunk into a slot of the receiver's registered window, the receiver copies it out
+ *   into its buffer (a same-GPU copy, which the CUDA driver runs on SMs), and stream memory
+ *   operations announce chunks and release slots. One call takes at most 128 chunks (1 GiB with
+ *   the default 8 MiB chunks); a larger one is refused with unifabInvalidArgument before anything
+ *   is posted. A transfer larger than the peer's slots (chunksInFlight x chunkBytes) proceeds as
+ *   the receiver drains them: post the matching receive on a stream that is not waiting behind the
+ *   send.
  * ============================================================================================ */
 
 typedef struct unifabPpGroup* unifabPpGroup_t;

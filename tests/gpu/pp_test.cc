@@ -7,6 +7,8 @@
 // times. The last receive buffer of each batch is stream-ordered pool memory (receive buffers of
 // any allocator). Also: the calls the group refuses.
 #include <cuda_runtime.h>
+#include <cstring>
+#include <cstdint>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -126,6 +128,20 @@ bool runRefusals(NcclSession& session, unifabPpGroup_t group, size_t chunk) {
   check(unifabPpSend(group, nullptr, 0, session.nRanks(), stream) == unifabInvalidArgument,
         "a peer outside the communicator is refused");
   check(unifabPpRecv(group, nullptr, 0, -1, stream) == unifabInvalidArgument, "a negative peer is refused");
+  // A size whose chunk count would wrap, host memory, and a range past its allocation: refused
+  // before anything is posted or paired, naming the argument (the peer posts nothing to match).
+  check(unifabPpSend(group, reinterpret_cast<void*>(16), SIZE_MAX, session.rank(), stream) == unifabInvalidArgument,
+        "SIZE_MAX bytes to itself (the slots) is refused");
+  std::vector<char> host(64);
+  check(unifabPpSend(group, host.data(), host.size(), 0, stream) == unifabInvalidArgument &&
+            strstr(unifabGetLastError(), "data") != nullptr,
+        "host memory is refused, naming data");
+  void* small = nullptr;
+  TEST_CUDA_CHECK(cudaMalloc(&small, 4096));
+  check(unifabPpSend(group, static_cast<char*>(small) + 4080, 32, 0, stream) == unifabInvalidArgument &&
+            strstr(unifabGetLastError(), "past the end") != nullptr,
+        "a range past the end of its allocation is refused");
+  TEST_CUDA_CHECK(cudaFree(small));
   cudaStream_t capturing = nullptr;
   TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
   cudaGraph_t graph = nullptr;

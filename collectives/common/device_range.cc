@@ -1,0 +1,68 @@
+#include "collectives/common/device_range.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "collectives/common/cuda_check.h"
+
+namespace unifab::collectives {
+namespace {
+
+using PointerGetAttributes = CUresult(CUDAAPI*)(unsigned int, CUpointer_attribute*, void**, CUdeviceptr);
+
+// The driver's cuPointerGetAttributes through the runtime (unifab does not link libcuda); null if
+// the driver lacks it, in which case the allocation's extent goes unchecked.
+PointerGetAttributes pointerGetAttributes() {
+  static PointerGetAttributes resolved = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &function, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      function = nullptr;
+    }
+    return reinterpret_cast<PointerGetAttributes>(function);
+  }();
+  return resolved;
+}
+
+}  // namespace
+
+Result checkDeviceRange(const void* data, size_t bytes, int device, const char* name) {
+  if (bytes == 0) return unifabSuccess;
+  cudaPointerAttributes attributes{};
+  UF_CUDA_CHECK(cudaPointerGetAttributes(&attributes, data));
+  const bool managed = attributes.type == cudaMemoryTypeManaged;
+  if (attributes.type != cudaMemoryTypeDevice && !managed) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "%s=%p is not device memory (a host or unregistered pointer)", name, data);
+  }
+  if (!managed && attributes.device != device) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "%s=%p is memory of CUDA device %d, the call's is device %d", name, data,
+                    attributes.device, device);
+  }
+  // The extent is checked for cudaMalloc'd memory (legacy-IPC capable) only: a VMM range may be
+  // several mappings side by side (PyTorch's expandable segments), each reported as its own range.
+  if (PointerGetAttributes get = pointerGetAttributes()) {
+    CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    int legacy = 0;
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    void* values[3] = {&legacy, &start, &size};
+    const CUdeviceptr at = reinterpret_cast<CUdeviceptr>(data);
+    if (get(3, which, values, at) == CUDA_SUCCESS && legacy != 0 && size > 0 && at >= start) {
+      const size_t left = at - start < size ? size - static_cast<size_t>(at - start) : 0;
+      if (bytes > left) {
+        return UF_ERROR(unifabInvalidArgument, kExt,
+                        "%s=%p with %zu bytes runs past the end of its allocation (%zu bytes left from there)", name,
+                        data, bytes, left);
+      }
+    }
+  }
+  return unifabSuccess;
+}
+
+}  // namespace unifab::collectives
