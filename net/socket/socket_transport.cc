@@ -199,9 +199,12 @@ class SocketListenComm final : public ListenComm {
   std::map<uint64_t, Group> groups_;
 };
 
+}  // namespace
+
 // ---- connecting side -------------------------------------------------------------------------
 
-// Lives in the handle's connectStage between NCCL's repeated connect() calls.
+// Named by the handle's connectStage between NCCL's repeated connect() calls, and owned by the
+// transport meanwhile (SocketTransport::connecting_).
 class Connector {
  public:
   Connector(const ListenHandle& handle, const SocketTransportOptions& options)
@@ -298,8 +301,6 @@ class Connector {
   std::vector<Stream> streams_;
 };
 
-}  // namespace
-
 Result SocketTransport::create(const SocketTransportOptions& options, std::unique_ptr<SocketTransport>* transport) {
   std::unique_ptr<SocketTransport> created(new SocketTransport());
   created->options_ = options;
@@ -391,9 +392,22 @@ Result SocketTransport::connect(int dev, void* handle, std::unique_ptr<SendComm>
                     "version %u); are both ranks using the same plugin?",
                     static_cast<unsigned>(kWireVersion), listenHandle.magic, static_cast<unsigned>(listenHandle.version));
   }
-  // Between calls the connector lives in the handle NCCL passes back; during a call it is owned
-  // here, and goes back into the handle only while the connection is still in progress.
-  std::unique_ptr<Connector> connector(static_cast<Connector*>(listenHandle.connectStage));
+  // Between calls the handle NCCL passes back names the connector, which the transport keeps (so
+  // that one NCCL abandons is freed with the transport, and a handle naming no connector of ours
+  // is refused instead of followed); during a call it is owned here, and goes back only while the
+  // connection is still in progress.
+  std::unique_ptr<Connector> connector;
+  if (listenHandle.connectStage != nullptr) {
+    std::lock_guard<std::mutex> lock(connectingMutex_);
+    auto staged = connecting_.find(listenHandle.connectStage);
+    if (staged == connecting_.end()) {
+      return UF_ERROR(unifabInvalidUsage, kNet,
+                      "connect: the handle names a connection in progress this context does not have (a copy of "
+                      "a handle, or one passed to another context); pass NCCL's handle back unchanged");
+    }
+    connector = std::move(staged->second);
+    connecting_.erase(staged);
+  }
   auto storeStage = [handle](Connector* stage) {
     memcpy(static_cast<char*>(handle) + offsetof(ListenHandle, connectStage), &stage, sizeof(stage));
   };
@@ -405,7 +419,12 @@ Result SocketTransport::connect(int dev, void* handle, std::unique_ptr<SendComm>
   bool ready = false;
   UF_CHECK(connector->progress(&ready));
   if (!ready) {
-    storeStage(connector.release());
+    Connector* stage = connector.get();
+    {
+      std::lock_guard<std::mutex> lock(connectingMutex_);
+      connecting_.emplace(stage, std::move(connector));
+    }
+    storeStage(stage);
     return unifabSuccess;
   }
   std::string peer = connector->target();
@@ -417,5 +436,7 @@ Result SocketTransport::connect(int dev, void* handle, std::unique_ptr<SendComm>
   *comm = std::move(sendComm);
   return unifabSuccess;
 }
+
+SocketTransport::~SocketTransport() = default;  // frees the connections NCCL never finished
 
 }  // namespace unifab::net::socket

@@ -4,6 +4,8 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "net/socket/connection.h"
@@ -24,9 +26,12 @@ struct SocketTransportOptions {
   ConnectionOptions connection;
 };
 
+class Connector;  // a connection in progress (socket_transport.cc)
+
 class SocketTransport final : public Transport {
  public:
   static Result create(const SocketTransportOptions& options, std::unique_ptr<SocketTransport>* transport);
+  ~SocketTransport() override;
 
   const char* name() const override { return "socket"; }
   int deviceCount() const override { return static_cast<int>(interfaces_.size()); }
@@ -41,6 +46,8 @@ class SocketTransport final : public Transport {
   SocketTransportOptions options_;
   std::vector<NetInterface> interfaces_;
   std::shared_ptr<ProgressEngine> engine_;
+  std::mutex connectingMutex_;
+  std::unordered_map<void*, std::unique_ptr<Connector>> connecting_;  // by the handle's connectStage
 };
 
 }  // namespace unifab::net::socket

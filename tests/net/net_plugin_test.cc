@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "net/socket/wire.h"
 #include "tests/net/net_harness.h"
 
 using namespace unifab::test;
@@ -169,6 +170,22 @@ TEST_F(NetTest, EveryStreamCarriesKeepaliveAndAUserTimeout) {
   // Both ends of every stream of the connection (UNIFAB_SOCKET_NSTREAMS, 4 by default) are in this process.
   EXPECT_GE(streamsWithTimeout(120000) - before, 2) << "the sending and the receiving end";
   EXPECT_EQ((streamsWithTimeout(120000) - before) % 2, 0);
+}
+
+// The handle NCCL passes back names the connection in progress; one naming none of this
+// context's (a stale copy, another context's) is refused instead of followed as a pointer.
+TEST_F(NetTest, AHandleNamingNoConnectionInProgressIsRefused) {
+  char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* listenComm = nullptr;
+  ASSERT_EQ(net_->listen(ctx_, 0, handle, &listenComm), ncclSuccess);
+  int notAConnector = 0;
+  void* bogus = &notAConnector;
+  memcpy(handle + offsetof(unifab::net::socket::ListenHandle, connectStage), &bogus, sizeof(bogus));
+  void* sendComm = nullptr;
+  EXPECT_NE(net_->connect(ctx_, 0, handle, &sendComm, nullptr), ncclSuccess);
+  EXPECT_EQ(sendComm, nullptr);
+  EXPECT_EQ(notAConnector, 0);
+  EXPECT_EQ(net_->closeListen(listenComm), ncclSuccess);
 }
 
 TEST_F(NetTest, ZeroByteMessages) {
