@@ -40,6 +40,7 @@ class StreamSet : public StreamOwner {
   StreamSet& operator=(const StreamSet&) = delete;
 
   Result start();  // registers every stream with the progress engine
+  void onEngineFailure(const char* why) override { fail(unifabSystemError, std::string("socket progress thread: ") + why); }
   int streamCount() const { return static_cast<int>(fds_.size()); }
   const std::string& peer() const { return peer_; }
   bool failed() const { return failure_.load(std::memory_order_acquire) != unifabSuccess; }

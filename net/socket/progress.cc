@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <string>
 #include <chrono>
 #include <cstring>
 
@@ -90,6 +91,14 @@ ProgressEngine::~ProgressEngine() {
 
 Result ProgressEngine::add(StreamRegistration* registration) {
   unsigned index = nextWorker_.fetch_add(1, std::memory_order_relaxed) % workers_.size();
+  Worker* worker = workers_[index].get();
+  {
+    std::lock_guard<std::mutex> lock(worker->mutex);
+    if (worker->dead) {
+      return UF_ERROR(unifabSystemError, kNet, "socket progress thread %u stopped after an epoll failure", index);
+    }
+    worker->registered.push_back(registration);
+  }
   registration->worker = static_cast<int>(index);
   epoll_event event{};
   event.events = EPOLLIN | EPOLLRDHUP;
@@ -107,11 +116,12 @@ void ProgressEngine::updateInterest(StreamRegistration* registration) {
   event.events = EPOLLIN | EPOLLRDHUP | (registration->wantWrite ? static_cast<uint32_t>(EPOLLOUT) : 0u);
   event.data.ptr = registration;
   // ENOENT is possible only while the stream is being removed at close; nothing to do then. Any
-  // other failure loses the write interest, and the stream's sends would stall: say so.
+  // other failure loses the write interest, and the stream's sends would stall: fail it.
   if (epoll_ctl(workers_[registration->worker]->epollFd, EPOLL_CTL_MOD, registration->fd, &event) == -1 &&
       errno != ENOENT) {
-    UF_WARN(kNet, "epoll_ctl(MOD fd %d) failed: %s; sends on this stream may stall", registration->fd,
-            strerror(errno));
+    const std::string why = std::string("epoll_ctl(MOD) failed: ") + strerror(errno);
+    UF_WARN(kNet, "%s on fd %d; its connection fails", why.c_str(), registration->fd);
+    registration->owner->onEngineFailure(why.c_str());
   }
 }
 
@@ -155,12 +165,40 @@ void ProgressEngine::remove(StreamRegistration* registration) {
   std::future<void> done;
   {
     std::lock_guard<std::mutex> lock(worker->mutex);
+    if (worker->dead) {  // its thread has ended, having detached every stream
+      registration->worker = -1;
+      return;
+    }
     worker->removals.push_back(Removal{registration, std::promise<void>()});
     done = worker->removals.back().done.get_future();
   }
   wake(worker);
   done.wait();
   registration->worker = -1;
+}
+
+void ProgressEngine::stop(Worker* worker, const char* why) {
+  // Fails every stream, including one added while this runs (it is marked dead only once none is
+  // left). Streams being removed meanwhile stay alive: their removers wait for the removals below.
+  std::vector<Removal> removals;
+  for (;;) {
+    std::vector<StreamRegistration*> streams;
+    {
+      std::lock_guard<std::mutex> lock(worker->mutex);
+      if (worker->registered.empty()) {
+        worker->dead = true;
+        worker->writeRequests.clear();
+        removals.swap(worker->removals);
+        break;
+      }
+      streams.swap(worker->registered);
+    }
+    for (StreamRegistration* registration : streams) {
+      detach(registration);
+      registration->owner->onEngineFailure(why);
+    }
+  }
+  for (Removal& removal : removals) removal.done.set_value();
 }
 
 void ProgressEngine::run(Worker* worker) {
@@ -183,7 +221,9 @@ void ProgressEngine::run(Worker* worker) {
     if (count > 0) lastActivity = Clock::now();
     if (count < 0) {
       if (errno == EINTR) continue;
-      UF_WARN(kNet, "epoll_wait failed: %s; socket progress thread stops", strerror(errno));
+      const std::string why = std::string("epoll_wait failed: ") + strerror(errno);
+      UF_WARN(kNet, "%s; socket progress thread stops and fails its connections", why.c_str());
+      stop(worker, why.c_str());
       return;
     }
     // Removals first: events of this batch for a removed stream must be skipped, and the remover
@@ -194,6 +234,13 @@ void ProgressEngine::run(Worker* worker) {
       writeRequests.swap(worker->writeRequests);
     }
     if (!writeRequests.empty()) lastActivity = Clock::now();
+    if (!removals.empty()) {
+      std::lock_guard<std::mutex> lock(worker->mutex);
+      auto& registered = worker->registered;
+      for (Removal& removal : removals) {
+        registered.erase(std::remove(registered.begin(), registered.end(), removal.registration), registered.end());
+      }
+    }
     for (Removal& removal : removals) {
       StreamRegistration* registration = removal.registration;
       std::lock_guard<std::mutex> lock(registration->mutex);

@@ -20,6 +20,9 @@ class StreamOwner {
  public:
   virtual void onReadable(int stream) = 0;  // also called on EOF, hang-up and socket errors
   virtual void onWritable(int stream) = 0;
+  // The stream cannot be polled any more (its progress thread's epoll failed, or changing its
+  // interest did): nothing would move it again, so the connection must fail. Any thread.
+  virtual void onEngineFailure(const char* why) = 0;
 
  protected:
   ~StreamOwner() = default;
@@ -76,12 +79,16 @@ class ProgressEngine {
     std::mutex mutex;  // guards removals and writeRequests
     std::vector<Removal> removals;
     std::vector<StreamRegistration*> writeRequests;
+    std::vector<StreamRegistration*> registered;  // every stream it watches, to fail if it stops
+    bool dead = false;  // stopped on an epoll failure: removals need no hand-off, adds are refused
     std::atomic<bool> sleeping{false};  // in epoll_wait without a timeout: needs the eventfd
   };
 
   ProgressEngine() = default;
   Result start(int nThreads, int busyPollUs);
   void run(Worker* worker);
+  // After an epoll failure: fails every stream of the worker, then releases its removals.
+  void stop(Worker* worker, const char* why);
   void updateInterest(StreamRegistration* registration);
   static void wake(Worker* worker);
 

@@ -2,6 +2,7 @@
 // dlopen(RTLD_NOW|RTLD_LOCAL), non-blocking connect/accept, isend/irecv/test polling. Every test
 // checks the bytes that arrive against a pattern, and every wait has a deadline, so a hang fails
 // the test instead of stalling CI.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -186,6 +187,48 @@ TEST_F(NetTest, AHandleNamingNoConnectionInProgressIsRefused) {
   EXPECT_EQ(sendComm, nullptr);
   EXPECT_EQ(notAConnector, 0);
   EXPECT_EQ(net_->closeListen(listenComm), ncclSuccess);
+}
+
+// A progress thread whose epoll fails (an application that closes or reuses its descriptor)
+// fails the connections it drives, so their requests report an error and close returns, instead
+// of stalling forever.
+TEST_F(NetTest, AProgressThreadThatCannotPollFailsItsConnections) {
+  connect();
+  const size_t bytes = size_t{1} << 20;  // above UNIFAB_SOCKET_INLINE_BYTES: a progress thread moves it
+  Buffer* in = buffer(recv_, bytes);
+  Buffer* out = buffer(send_, bytes);
+  void* r = postRecv(in, bytes);
+  ASSERT_NE(r, nullptr);
+  int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(devnull, 0);
+  int broken = 0;
+  for (int fd = 0; fd < 4096; ++fd) {
+    char path[64], target[128] = {};
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    if (readlink(path, target, sizeof(target) - 1) > 0 && strcmp(target, "anon_inode:[eventpoll]") == 0) {
+      ASSERT_EQ(dup2(devnull, fd), fd);
+      ++broken;
+    }
+  }
+  close(devnull);
+  ASSERT_GT(broken, 0) << "no epoll instance found";
+  void* s = nullptr;
+  const ncclResult_t posted = net_->isend(send_, out->bytes.data(), bytes, 0, out->mhandle, nullptr, &s);
+  if (posted == ncclSuccess && s != nullptr) {
+    EXPECT_EQ(waitRequest(net_, s, nullptr, 10.0), WaitOutcome::kError);
+  }
+  // NCCL then closes the failed side; closing returns, and the receiving side fails as well.
+  for (auto it = registrations_.begin(); it != registrations_.end();) {
+    if (it->first != send_) {
+      ++it;
+      continue;
+    }
+    EXPECT_EQ(net_->deregMr(send_, it->second->mhandle), ncclSuccess);
+    it = registrations_.erase(it);
+  }
+  EXPECT_EQ(net_->closeSend(send_), ncclSuccess);
+  send_ = nullptr;
+  EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
 }
 
 TEST_F(NetTest, ZeroByteMessages) {
