@@ -437,16 +437,28 @@ Result unifabPpGroup::send(const void* data, size_t bytes, int peer, cudaStream_
   int to = 0;
   UF_CHECK(checkCall(data, bytes, peer, stream, &to));
   unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
-  if (rendezvous_ && to != myIndex_) return rendezvousCall(pp::kSendSide, const_cast<void*>(data), bytes, to, stream);
-  return slotSend(data, bytes, to, stream);
+  const Result sent = rendezvous_ && to != myIndex_ ? rendezvousCall(pp::kSendSide, const_cast<void*>(data), bytes, to, stream)
+                                                    : slotSend(data, bytes, to, stream);
+  return sent == unifabSuccess ? sent : failedMidway(sent, "send", peer);
 }
 
 Result unifabPpGroup::recv(void* data, size_t bytes, int peer, cudaStream_t stream) {
   int from = 0;
   UF_CHECK(checkCall(data, bytes, peer, stream, &from));
   unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
-  if (rendezvous_ && from != myIndex_) return rendezvousCall(pp::kRecvSide, data, bytes, from, stream);
-  return slotRecv(data, bytes, from, stream);
+  const Result received = rendezvous_ && from != myIndex_ ? rendezvousCall(pp::kRecvSide, data, bytes, from, stream)
+                                                         : slotRecv(data, bytes, from, stream);
+  return received == unifabSuccess ? received : failedMidway(received, "recv", peer);
+}
+
+Result unifabPpGroup::failedMidway(Result failure, const char* call, int peer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (broken_.load() == unifabSuccess) {
+    const char* why = unifab::lastErrorMessage();
+    brokenMessage_ = std::string(call) + " with rank " + std::to_string(peer) + ": " + (why != nullptr ? why : "");
+    broken_.store(failure);
+  }
+  return failure;
 }
 
 Result unifabPpGroup::slotSend(const void* data, size_t bytes, int to, cudaStream_t stream) {
@@ -486,6 +498,12 @@ Result unifabPpGroup::slotRecv(void* data, size_t bytes, int from, cudaStream_t 
 }
 
 Result unifabPpGroup::asyncError() const {
+  if (const int broken = broken_.load(); broken != unifabSuccess) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return UF_ERROR(static_cast<Result>(broken), kExt,
+                    "an earlier pipeline call failed after it was numbered, so its peer's matching call is out of "
+                    "step and the group is unusable (%s)", brokenMessage_.c_str());
+  }
   if (watchdog_ && watchdog_->timedOut()) {
     return UF_ERROR(unifabTimeout, kExt,
                     "an earlier pipeline send/recv on rank %d waited longer than UNIFAB_PP_TIMEOUT_MS for its peer: "

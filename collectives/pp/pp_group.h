@@ -11,6 +11,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -106,6 +107,9 @@ struct unifabPpGroup {
   unifab::Result slotRecv(void* data, size_t bytes, int from, cudaStream_t stream);
   unifab::Result setUpRendezvous();
   unifab::Result rendezvousCall(int side, void* data, size_t bytes, int peer, cudaStream_t stream);
+  // A call that failed after it was numbered (or posted a chunk) leaves its peer's matching call out
+  // of step: the group records the first such failure and refuses every later call with it.
+  unifab::Result failedMidway(unifab::Result failure, const char* call, int peer);
   // Byte offsets in every rank's window: chunk slot `slot` of source `source` (LSA index), and the
   // flags: ready[source][slot] (written by the source: that chunk has landed) and
   // freed[reader][slot] (written by the reader of our chunks: it has copied them out). Rendezvous:
@@ -137,4 +141,6 @@ struct unifabPpGroup {
   std::vector<RendezvousPeer> rendezvousPeers_;
   unifab::collectives::pp::BufferExporter exporter_;
   unifab::collectives::pp::BufferImporter importer_;
+  std::atomic<int> broken_{unifabSuccess};  // failedMidway's first code
+  std::string brokenMessage_;               // and its message (under mutex_)
 };

@@ -179,6 +179,33 @@ bool runWatchdog(NcclSession& session, unifabPpGroup_t group) {
   return session.barrier(true);
 }
 
+// Matched calls of different sizes (rendezvous): the call posted second refuses the pair, and its
+// group stays unusable with that error (the calls are out of step); the first call's stream is
+// released by the watchdog and its group reports the timeout.
+bool runSizeMismatch(NcclSession& session, const unifabPpConfig_t& config) {
+  if (slotsEngine() || session.nRanks() < 2) return session.barrier(true);
+  unifabPpGroup_t group = nullptr;  // collective: every rank creates it, ranks 0 and 1 use it
+  TEST_UNIFAB_CHECK(unifabPpCreate(session.comm(), &config, &group));
+  if (session.rank() <= 1) {
+    void* data = nullptr;
+    TEST_CUDA_CHECK(cudaMalloc(&data, 128));
+    const unifabResult_t got = session.rank() == 0 ? unifabPpSend(group, data, 64, 1, session.stream())
+                                                   : unifabPpRecv(group, data, 128, 0, session.stream());
+    TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+    const unifabResult_t after = unifabPpGetAsyncError(group);
+    if (got != unifabSuccess) {
+      check(got == unifabInvalidUsage && after == unifabInvalidUsage,
+            "the call that found the sizes differ refuses the pair, and its group stays unusable");
+    } else {
+      check(after == unifabTimeout, "the other call's stream is released by the watchdog");
+    }
+    cudaFree(data);
+  }
+  const bool synced = session.barrier(true);
+  TEST_UNIFAB_CHECK(unifabPpDestroy(group));
+  return synced;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -211,7 +238,7 @@ int main(int argc, char** argv) {
   }
   bool ok = true;
   if (watchdog) {
-    ok = runWatchdog(session, group);
+    ok = runWatchdog(session, group) && runSizeMismatch(session, config);
   } else {
     const size_t chunk = smallSlots ? size_t{64} << 10 : size_t{8} << 20;
     // The largest transfer a call takes (kMaxChunksPerCall chunks), or 64 MiB + 7 when that is less.
