@@ -327,8 +327,10 @@ UNIFAB_API unifabResult_t unifabPpSend(unifabPpGroup_t group, const void* data, 
                                        cudaStream_t stream);
 /* Receives `bytes` from rank `peer` into device memory `data` on `stream`. */
 UNIFAB_API unifabResult_t unifabPpRecv(unifabPpGroup_t group, void* data, size_t bytes, int peer, cudaStream_t stream);
-/* unifabTimeout when the watchdog released a wait that exceeded UNIFAB_PP_TIMEOUT_MS (the group is
- * then unusable), else unifabSuccess. Does not synchronise. */
+/* unifabTimeout when the watchdog released a wait that exceeded UNIFAB_PP_TIMEOUT_MS, or the error
+ * of a call that failed after it was paired with (or had posted part of its data for) its peer's
+ * matching call, e.g. matched calls of different sizes: either way the group is then unusable and
+ * later calls return that error. Else unifabSuccess. Does not synchronise. */
 UNIFAB_API unifabResult_t unifabPpGetAsyncError(unifabPpGroup_t group);
 
 /* ============================================================================================
