@@ -284,14 +284,15 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
 
 namespace {
 
-// The ids of the groups that exist: a handle may outlive its group.
+// The ids of the groups that exist: a handle may outlive its group. Never destroyed, so that a
+// group or handle freed by another static's destructor at exit still finds them.
 std::mutex& liveGroupsMutex() {
-  static std::mutex m;
-  return m;
+  static auto* m = new std::mutex;
+  return *m;
 }
 std::unordered_set<uint64_t>& liveGroups() {
-  static std::unordered_set<uint64_t> ids;
-  return ids;
+  static auto* ids = new std::unordered_set<uint64_t>;
+  return *ids;
 }
 
 }  // namespace
