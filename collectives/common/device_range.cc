@@ -1,21 +1,12 @@
 #include "collectives/common/device_range.h"
 
-#include <cuda.h>
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "collectives/common/cuda_check.h"
 
 namespace unifab::collectives {
-namespace {
-
-using PointerGetAttributes = CUresult(CUDAAPI*)(unsigned int, CUpointer_attribute*, void**, CUdeviceptr);
-
-// The driver's cuPointerGetAttributes through the runtime (unifab does not link libcuda); null if
-// the driver lacks it, in which case the allocation's extent goes unchecked.
 PointerGetAttributes pointerGetAttributes() {
-  static PointerGetAttributes resolved = [] {
+  static const PointerGetAttributes resolved = [] {
     void* function = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
     if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &function, 12000, cudaEnableDefault, &found) !=
@@ -29,7 +20,15 @@ PointerGetAttributes pointerGetAttributes() {
   return resolved;
 }
 
-}  // namespace
+Result checkStreamDevice(cudaStream_t stream, int device) {
+  int streamDevice = device;
+  UF_CUDA_CHECK(cudaStreamGetDevice(stream, &streamDevice));
+  if (streamDevice != device) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "stream belongs to CUDA device %d, the call's is device %d", streamDevice,
+                    device);
+  }
+  return unifabSuccess;
+}
 
 Result checkDeviceRange(const void* data, size_t bytes, int device, const char* name) {
   if (bytes == 0) return unifabSuccess;

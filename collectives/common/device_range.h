@@ -1,13 +1,25 @@
-// Checks that a caller's pointer and size describe device memory a copy on `device` may touch,
-// before anything is posted: a host pointer or a size past the end of the allocation would
-// otherwise fail only inside the copy, after the peer was already paired with this call.
+// Checks that a caller's pointer, size and stream belong to the call's device, before anything is
+// posted: a host pointer or a size past the end of the allocation would otherwise fail only inside
+// the copy, after the peer was already paired with this call.
 #pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
 
 #include <cstddef>
 
 #include "plugin/check.h"
 
 namespace unifab::collectives {
+
+// The driver's cuPointerGetAttributes, through the runtime (unifab does not link libcuda),
+// resolved once; null if this driver lacks it.
+using PointerGetAttributes = CUresult(CUDAAPI*)(unsigned int, CUpointer_attribute*, void**, CUdeviceptr);
+PointerGetAttributes pointerGetAttributes();
+
+// unifabInvalidArgument unless `stream` belongs to CUDA device `device` (the call's). Not for a
+// capturing stream, whose device cannot be queried.
+Result checkStreamDevice(cudaStream_t stream, int device);
 
 // unifabInvalidArgument (naming `name`) unless [data, data + bytes) is device memory of CUDA
 // device `device`, or managed memory, within one allocation. bytes == 0 passes.

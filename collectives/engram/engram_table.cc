@@ -119,12 +119,7 @@ Result unifabEngramTable::write(int64_t firstRow, int64_t numRows, const void* r
   if (numRows > 0 && config_.rowScales && scales == nullptr) {
     return UF_ERROR(unifabInvalidArgument, kExt, "scales=NULL: the table carries a scale per row");
   }
-  int device = comm_->cudaDevice();
-  UF_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
-  if (device != comm_->cudaDevice()) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "stream belongs to CUDA device %d, the table to device %d", device,
-                    comm_->cudaDevice());
-  }
+  UF_CHECK(unifab::collectives::checkStreamDevice(stream, comm_->cudaDevice()));
   unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
   char* local = window_->localBase();
   UF_CHECK(unifab::collectives::copyEngineCopy(local + static_cast<size_t>(firstRow) * config_.rowBytes, rows,
@@ -182,7 +177,6 @@ Result unifabEngramTable::validate(const unifabEngramFetchArgs_t& a, cudaStream_
       return UF_ERROR(unifabInvalidArgument, kExt, "outScales=NULL: the table carries a scale per row");
     }
   }
-  int device = comm_->cudaDevice();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   UF_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) {
@@ -190,11 +184,7 @@ Result unifabEngramTable::validate(const unifabEngramFetchArgs_t& a, cudaStream_
                     "Engram fetches cannot be captured in a CUDA graph yet: they run on the table's own stream, which "
                     "other fetches share");
   }
-  UF_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
-  if (device != comm_->cudaDevice()) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "stream belongs to CUDA device %d, the table to device %d", device,
-                    comm_->cudaDevice());
-  }
+  UF_CHECK(unifab::collectives::checkStreamDevice(stream, comm_->cudaDevice()));
   UF_CHECK(unifab::collectives::checkDeviceRange(a.out, a.numRows * config_.rowBytes, comm_->cudaDevice(), "out"));
   if (config_.rowScales) {
     UF_CHECK(unifab::collectives::checkDeviceRange(a.outScales, a.numRows * sizeof(float), comm_->cudaDevice(), "outScales"));

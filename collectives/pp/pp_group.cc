@@ -421,12 +421,7 @@ Result unifabPpGroup::checkCall(const void* data, size_t bytes, int peer, cudaSt
     return UF_ERROR(unifabInvalidUsage, kExt,
                     "pipeline send/recv cannot be captured in a CUDA graph: chunks are numbered on the host");
   }
-  int device = -1;
-  UF_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
-  if (device != comm_->cudaDevice()) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "stream belongs to CUDA device %d, the group to device %d", device,
-                    comm_->cudaDevice());
-  }
+  UF_CHECK(unifab::collectives::checkStreamDevice(stream, comm_->cudaDevice()));
   // Before the call is numbered or paired: a bad range found by the copy would leave the peer's
   // matching call waiting for the watchdog.
   UF_CHECK(unifab::collectives::checkDeviceRange(data, bytes, comm_->cudaDevice(), "data"));

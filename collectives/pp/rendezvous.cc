@@ -11,15 +11,9 @@
 #include <random>
 
 #include "collectives/common/cuda_check.h"
-#include "collectives/pp/stream_ops.h"
+#include "collectives/common/device_range.h"
 
 namespace unifab::collectives::pp {
-namespace {
-
-using PointerGetAttributes = CUresult(CUDAAPI*)(unsigned int, CUpointer_attribute*, void**, CUdeviceptr);
-
-}  // namespace
-
 size_t Inbox::bytesFor(int peers) { return sizeof(RendezvousEntry) * static_cast<size_t>(peers) * kRing; }
 
 Result Inbox::create(int peers, std::unique_ptr<Inbox>* out) {
@@ -93,16 +87,17 @@ Result BufferExporter::describe(const void* data, size_t bytes, Posting* out) {
   out->bytes = bytes;
   out->address = reinterpret_cast<uintptr_t>(data);
   if (bytes == 0) return unifabSuccess;
-  static void* getAttributes = nullptr;
-  if (getAttributes == nullptr) UF_CHECK(driverEntryPoint("cuPointerGetAttributes", &getAttributes));
+  const unifab::collectives::PointerGetAttributes getAttributes = unifab::collectives::pointerGetAttributes();
+  if (getAttributes == nullptr) {
+    return UF_ERROR(unifabSystemError, kExt, "the CUDA driver has no cuPointerGetAttributes: pipeline send/recv needs it");
+  }
   CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, CU_POINTER_ATTRIBUTE_BUFFER_ID,
                                   CU_POINTER_ATTRIBUTE_RANGE_START_ADDR};
   int capable = 0;
   unsigned long long bufferId = 0;
   CUdeviceptr start = 0;
   void* values[3] = {&capable, &bufferId, &start};
-  const CUresult r = reinterpret_cast<PointerGetAttributes>(getAttributes)(3, which, values,
-                                                                         reinterpret_cast<CUdeviceptr>(data));
+  const CUresult r = getAttributes(3, which, values, reinterpret_cast<CUdeviceptr>(data));
   if (r != CUDA_SUCCESS || capable == 0 || start == 0) return unifabSuccess;
   auto found = handles_.find(bufferId);
   if (found == handles_.end()) {
