@@ -39,12 +39,7 @@ class LogCapture {
     }
     return n;
   }
-  bool warned(const std::string& fragment) const {
-    for (const std::string& line : warnings()) {
-      if (line.find(fragment) != std::string::npos) return true;
-    }
-    return false;
-  }
+  bool warned(const std::string& fragment) const { return count(LogLevel::kWarn, fragment) > 0; }
 
  private:
   static std::mutex& mutex() {
