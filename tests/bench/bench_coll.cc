@@ -17,6 +17,7 @@ using test::Collective;
 
 double busFactor(Collective collective, int nRanks) {
   double n = nRanks;
+  if (collective == Collective::kBroadcast) return 1.0;
   return collective == Collective::kAllReduce ? 2 * (n - 1) / n : (n - 1) / n;
 }
 
@@ -25,6 +26,7 @@ struct RankRun {
   size_t minBytes, maxBytes;
   int warmup, iters;
   size_t factor;
+  int spinUs;  // GPU busy this long before each start event: the host enqueues the op meanwhile
   std::string csv;
   std::string label;
 };
@@ -43,8 +45,9 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
   TEST_CUDA_CHECK(cudaEventCreate(&stop));
   FILE* csv = nullptr;
   if (env.rank == 0) {
-    printf("# unifab-bench coll: %s, %d ranks, %s, median of %d after %d warm-up, time = slowest rank\n",
-           test::collectiveName(run.collective), env.nRanks, run.label.c_str(), run.iters, run.warmup);
+    printf("# unifab-bench coll: %s, %d ranks, %s, median of %d after %d warm-up, time = slowest rank%s\n",
+           test::collectiveName(run.collective), env.nRanks, run.label.c_str(), run.iters, run.warmup,
+           run.spinUs > 0 ? ", host enqueue hidden behind a spin" : "");
     printf("# %10s %12s %12s %12s %12s %8s\n", "size(B)", "time(us)", "p90(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     if (!run.csv.empty()) {
       csv = fopen(run.csv.c_str(), "w");
@@ -61,6 +64,9 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
     }
     std::vector<double> samples;
     for (int i = 0; i < run.iters; ++i) {
+      // Without the spin the time includes NCCL's host-side enqueue (~3 us, and per process it
+      // lands in one of two modes), which is the same for every algorithm and protocol.
+      if (run.spinUs > 0) TEST_CUDA_CHECK(test::spinOnDevice(run.spinUs * 1000LL, session.stream()));
       TEST_CUDA_CHECK(cudaEventRecord(start, session.stream()));
       if (!session.run(run.collective, send, recv, sendCount, recvCount)) return false;
       TEST_CUDA_CHECK(cudaEventRecord(stop, session.stream()));
@@ -114,7 +120,7 @@ int runColl(Args& args, const char* self) {
   RankRun run;
   std::string op = args.value("--op", "all_reduce");
   if (!test::collectiveByName(op.c_str(), &run.collective)) {
-    fprintf(stderr, "unifab-bench coll: unknown --op %s (all_reduce, all_gather, reduce_scatter, alltoall)\n",
+    fprintf(stderr, "unifab-bench coll: unknown --op %s (all_reduce, all_gather, reduce_scatter, alltoall, broadcast)\n",
             op.c_str());
     return 2;
   }
@@ -124,6 +130,7 @@ int runColl(Args& args, const char* self) {
   run.warmup = atoi(args.value("--warmup", "5").c_str());
   run.iters = atoi(args.value("--iters", "30").c_str());
   run.csv = args.value("--csv", "");
+  run.spinUs = atoi(args.value("--spin-us", "0").c_str());
   std::string net = args.value("--net", "nvlink");
   std::string tuner = args.value("--tuner", "");
   std::string ranksText = args.value("--nranks", "0");
@@ -131,8 +138,10 @@ int runColl(Args& args, const char* self) {
     fprintf(stderr, "unifab-bench coll: unknown argument '%s'\n", args.leftovers()[0].c_str());
     return 2;
   }
-  if (run.minBytes == 0 || run.maxBytes < run.minBytes || run.factor < 2 || run.iters < 1 || run.warmup < 0) {
-    fprintf(stderr, "unifab-bench coll: need 0 < --min <= --max, --factor >= 2, --iters >= 1, --warmup >= 0\n");
+  if (run.minBytes == 0 || run.maxBytes < run.minBytes || run.factor < 2 || run.iters < 1 || run.warmup < 0 ||
+      run.spinUs < 0 || run.spinUs > 100000) {
+    fprintf(stderr, "unifab-bench coll: need 0 < --min <= --max, --factor >= 2, --iters >= 1, --warmup >= 0, "
+                    "0 <= --spin-us <= 100000\n");
     return 2;
   }
   run.label = "net=" + net + (tuner.empty() ? "" : "+tuner=" + tuner);

@@ -42,6 +42,9 @@ __global__ void checkKernel(Collective collective, const float* recv, size_t cou
         expected = inputValue(source, static_cast<size_t>(rank) * chunk + i % chunk, seed);
         break;
       }
+      case Collective::kBroadcast:
+        expected = inputValue(0, i, seed);
+        break;
       default:
         break;
     }
@@ -122,6 +125,8 @@ const char* collectiveName(Collective collective) {
       return "reduce_scatter";
     case Collective::kAllToAll:
       return "alltoall";
+    case Collective::kBroadcast:
+      return "broadcast";
     default:
       return "?";
   }
@@ -142,6 +147,7 @@ bool bufferCounts(Collective collective, size_t bytes, int nRanks, size_t* sendC
   size_t n = static_cast<size_t>(nRanks);
   switch (collective) {
     case Collective::kAllReduce:
+    case Collective::kBroadcast:
       *sendCount = *recvCount = total;
       return total > 0;
     case Collective::kAllGather:

@@ -10,7 +10,8 @@
 
 namespace unifab::test {
 
-enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kCount };
+// kBroadcast: from rank 0, in place on every other rank's receive buffer.
+enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kCount };
 
 const char* collectiveName(Collective collective);
 // The collective named `name` (as collectiveName spells it), or false.

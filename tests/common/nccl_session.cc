@@ -46,6 +46,9 @@ bool NcclSession::run(Collective collective, const void* send, void* recv, size_
     case Collective::kReduceScatter:
       TEST_NCCL_CHECK(ncclReduceScatter(send, recv, recvCount, ncclFloat, ncclSum, comm_, stream_));
       return true;
+    case Collective::kBroadcast:
+      TEST_NCCL_CHECK(ncclBroadcast(send, recv, sendCount, ncclFloat, 0, comm_, stream_));
+      return true;
     case Collective::kAllToAll: {
       // As nccl-tests' alltoall_perf: equal chunks through grouped send/recv.
       const size_t chunkBytes = sendCount / static_cast<size_t>(env_.nRanks) * sizeof(float);
