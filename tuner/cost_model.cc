@@ -82,6 +82,16 @@ bool CostModel::pattern(int collective, int algorithm, Pattern* out) const {
   }
 }
 
+int CostModel::networkChannels(int collective, int algorithm, size_t bytes) const {
+  Pattern p{};
+  if (topology_.nNodes < 2 || !usable() || !pattern(collective, algorithm, &p)) return 0;
+  const double wireBytes = static_cast<double>(bytes) * p.busFactor;
+  const double wanted = std::ceil(wireBytes / std::max(1.0, constants_.netBytesPerChannel));
+  const double fewest = wireBytes < constants_.netOneChannelBytes ? 1.0 : std::max(1, constants_.minNetChannels);
+  constexpr double kMostChannels = 64;  // NCCL's MAXCHANNELS; it caps at what it built anyway
+  return static_cast<int>(std::clamp(wanted, fewest, kMostChannels));
+}
+
 double CostModel::estimateUs(int collective, int algorithm, int protocol, size_t bytes, int numPipeOps) const {
   if (protocol < 0 || protocol >= kNumProtocols || !usable()) return -1.0;
   Pattern p{};

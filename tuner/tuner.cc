@@ -18,7 +18,22 @@ void Tuner::decide(int collective, size_t bytes, int numPipeOps, int regBuff, fl
     return;
   }
   const bool modelled = applyModel(collective, bytes, numPipeOps, table, numAlgorithms, numProtocols);
-  logChoice(collective, bytes, table, numAlgorithms, numProtocols, modelled ? "the model" : "NCCL's table", 0);
+  int modelChannels = 0;
+  const int best = bestEntry(table, numAlgorithms, numProtocols);
+  if (modelled && best >= 0 && channels != nullptr) {
+    modelChannels = model_.networkChannels(collective, best / numProtocols, bytes);
+    if (modelChannels > 0) *channels = modelChannels;
+  }
+  logChoice(collective, bytes, table, numAlgorithms, numProtocols, modelled ? "the model" : "NCCL's table",
+            modelChannels);
+}
+
+int Tuner::bestEntry(const float* table, int numAlgorithms, int numProtocols) {
+  int best = -1;
+  for (int i = 0; i < numAlgorithms * numProtocols; ++i) {
+    if (table[i] >= 0 && (best < 0 || table[i] < table[best])) best = i;
+  }
+  return best;
 }
 
 void Tuner::logChoice(int collective, size_t bytes, const float* table, int numAlgorithms, int numProtocols,
@@ -27,10 +42,7 @@ void Tuner::logChoice(int collective, size_t bytes, const float* table, int numA
   while (range < 63 && (bytes >> (range + 1)) != 0) ++range;
   const uint64_t bit = uint64_t{1} << range;
   if ((loggedSizes_[collective].fetch_or(bit, std::memory_order_relaxed) & bit) != 0) return;
-  int best = -1;
-  for (int i = 0; i < numAlgorithms * numProtocols; ++i) {
-    if (table[i] >= 0 && (best < 0 || table[i] < table[best])) best = i;
-  }
+  const int best = bestEntry(table, numAlgorithms, numProtocols);
   if (best < 0) return;
   UF_INFO(kTuner, kLogTuning, "comm 0x%" PRIx64 ": %s %zu bytes (first call in [2^%d, 2^%d)) -> %s/%s by %s, %s", commId_,
           collectiveName(collective), bytes, range, range + 1, algorithmName(best / numProtocols),

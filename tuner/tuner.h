@@ -25,7 +25,8 @@ class Tuner {
   Tuner(uint64_t commId, const CostModel& model, TunerSettings settings);
 
   // `table` is NCCL's float[numAlgorithms][numProtocols]; negative entries are unusable and are
-  // never touched. `*channels` is written only by a rule that names a channel count.
+  // never touched. `*channels` is written by a rule that names a channel count, and by the model
+  // where the chosen pattern crosses the network (CostModel::networkChannels).
   void decide(int collective, size_t bytes, int numPipeOps, int regBuff, float* table, int numAlgorithms,
               int numProtocols, int* channels) const;
 
@@ -39,6 +40,8 @@ class Tuner {
   // INFO (NCCL_DEBUG_SUBSYS=TUNING): the entry the table now favours, once per collective and
   // power-of-two size range per communicator, so that a run shows what was chosen without a line
   // per call.
+  // Index of the cheapest usable entry of `table`, or -1.
+  static int bestEntry(const float* table, int numAlgorithms, int numProtocols);
   void logChoice(int collective, size_t bytes, const float* table, int numAlgorithms, int numProtocols,
                  const char* by, int channels) const;
 

@@ -208,7 +208,7 @@ TEST(CostModel, DeclinesWithoutTheBandwidthOfALinkItCrosses) {
   EXPECT_TRUE(CostModel(topology(1, 2), ncclLikeLatencies()).usable()) << "one GPU per node needs no NVLink";
 }
 
-TEST(Tuner, TouchesOnlyUsableEntriesAndNeverChannels) {
+TEST(Tuner, TouchesOnlyUsableEntriesAndChannelsOnlyAcrossNodes) {
   for (auto [gpus, nodes] : kShapes) {
     Topology t = topology(gpus, nodes);
     Tuner tuner(1, CostModel(t, ncclLikeLatencies()), TunerSettings{});
@@ -219,7 +219,12 @@ TEST(Tuner, TouchesOnlyUsableEntriesAndNeverChannels) {
         Table before = table;
         int channels = 0;
         tuner.decide(coll, bytes, 1, 0, table.data(), kNumAlgorithms, kNumProtocols, &channels);
-        EXPECT_EQ(channels, 0);
+        if (nodes == 1) {
+          EXPECT_EQ(channels, 0) << "inside a node NCCL's channel count stands";
+        } else {
+          EXPECT_GE(channels, 1) << collectiveName(coll) << " " << bytes;
+          EXPECT_LE(channels, 64);
+        }
         bool changed = false;
         for (int a = 0; a < kNumAlgorithms; ++a)
           for (int p = 0; p < kNumProtocols; ++p) {
@@ -234,6 +239,30 @@ TEST(Tuner, TouchesOnlyUsableEntriesAndNeverChannels) {
       }
     }
   }
+}
+
+// Across the network a channel per 2 MiB of the busiest rank's wire bytes, at least two, one below
+// 16 KiB: on unifab's sockets two channels beat eight by 2x up to 2 MiB per rank, eight won from
+// 16 MiB, and one beat two at 4 KiB.
+TEST(CostModel, NetworkChannelsFollowTheWireBytesPerRank) {
+  CostModel twoNodes(topology(1, 2), nccl2289Latencies(2));
+  const size_t kMiB = size_t{1} << 20;
+  EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 8), 1);
+  EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 4 << 10), 1) << "latency-bound: one connection";
+  EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 16 << 10), 2);
+  EXPECT_EQ(twoNodes.networkChannels(kAllGather, kRing, 16 << 10), 1) << "all-gather: half on the wire";
+  EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 2 * kMiB), 2);   // 2 MiB on the wire
+  EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 16 * kMiB), 8);  // all-reduce: 2(n-1)/n = 1
+  EXPECT_EQ(twoNodes.networkChannels(kAllGather, kRing, 16 * kMiB), 4);  // all-gather: (n-1)/n
+  EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, size_t{1} << 40), 64) << "NCCL's MAXCHANNELS";
+  EXPECT_EQ(CostModel(topology(8, 1), nccl2289Latencies(1)).networkChannels(kAllReduce, kRing, 16 * kMiB), 0)
+      << "one node: NCCL's count";
+  EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kCollnetDirect, 16 * kMiB), 0) << "a pattern the model lacks";
+  Tuner tuner(1, twoNodes, TunerSettings{});
+  Table table(algorithmsNcclOffers(kAllReduce, topology(1, 2)));
+  int channels = 0;
+  tuner.decide(kAllReduce, 128 * kMiB, 1, 0, table.data(), kNumAlgorithms, kNumProtocols, &channels);
+  EXPECT_EQ(channels, 64);
 }
 
 TEST(Tuner, LeavesTheTableAloneWhenAUsableEntryIsOutsideTheModel) {
@@ -353,11 +382,11 @@ TEST(Tuner, RuleForcesItsEntryAndChannels) {
   tuner.decide(kAllReduce, 4096, 1, 0, table.data(), kNumAlgorithms, kNumProtocols, &channels);
   EXPECT_EQ(table.choice(), std::make_pair(static_cast<int>(kTree), static_cast<int>(kLL128)));
   EXPECT_EQ(channels, 6);
-  // Outside its size range the model decides and channels stay NCCL's.
+  // Outside its size range the model decides, channels included (two nodes: 4 per 8 MiB).
   Table other({kTree, kRing});
   channels = 0;
   tuner.decide(kAllReduce, 8 << 20, 1, 0, other.data(), kNumAlgorithms, kNumProtocols, &channels);
-  EXPECT_EQ(channels, 0);
+  EXPECT_EQ(channels, 4);
   Tuner ruleless(1, CostModel(topology(1, 2), ncclLikeLatencies()), TunerSettings());
   Table modelOnly({kTree, kRing});
   ruleless.decide(kAllReduce, 8 << 20, 1, 0, modelOnly.data(), kNumAlgorithms, kNumProtocols, &channels);
@@ -379,7 +408,7 @@ TEST(Tuner, RuleNamingAnUnusableEntryFallsBackToTheModel) {
   int channels = 0;
   tuner.decide(kAllReduce, 4096, 1, 0, table.data(), kNumAlgorithms, kNumProtocols, &channels);
   EXPECT_EQ(table.cell[kRing][kLL128], kIgnore);
-  EXPECT_EQ(channels, 0);
+  EXPECT_EQ(channels, 1) << "the model's network channels (4 KiB: one), not the rule's 3";
 }
 
 // The one-rule files `unifab-bench tune-sweep --force tuner` writes per configuration.
