@@ -198,9 +198,15 @@ for step in $steps; do
     # --log-tuning adds what the tuner and NCCL chose per size (an untimed run each); over unifab
     # every rank is a node of its own (NCCL_HOSTID).
     say "== unifab-bench tune-sweep: forced NCCL configurations against the tuner and NCCL's default"
+    # Loopback has no port speed in sysfs (unifab and NCCL would assume 10 Gbit/s); it carries
+    # ~10 GB/s (docs/benchmarks/net-socket.md), which NCCL's default and the tuner are told alike.
     for net in ${UNIFAB_TUNESWEEP_NETS:-nvlink unifab}; do
-      "$bench" tune-sweep --net $net --ops "${UNIFAB_TUNESWEEP_OPS:-all_reduce,all_gather,reduce_scatter}" \
-        --min 8 --max 256M --factor 8 --iters 20 --warmup 5 --reps 3 --channels 2,8,32 --log-tuning \
+      # Over the sockets NCCL builds 8 channels by default and more only slow every configuration
+      # down (docs/benchmarks/tuner.md), so the forced ones run with NCCL's own 8 built.
+      speed="" channels=2,8,32
+      [ "$net" = unifab ] && speed="--socket-speed-mbps 80000" channels=1,2,8
+      "$bench" tune-sweep --net $net --ops "${UNIFAB_TUNESWEEP_OPS:-all_reduce,all_gather,reduce_scatter,broadcast}" \
+        --min 8 --max 256M --factor 8 --iters 20 --warmup 5 --reps 3 --channels $channels --log-tuning $speed \
         --out "$logs/tune-sweep-$net" >"$logs/tune-sweep-$net.txt" 2>&1 || failed=1
       grep -E "^#|^  " "$logs/tune-sweep-$net.txt" | tee -a "$summary"
     done
