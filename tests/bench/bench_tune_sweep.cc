@@ -87,30 +87,37 @@ std::string tuningLog(const std::string& out, const std::string& op, const std::
   return out + "/" + op + "." + net + "." + label + ".tuning";
 }
 
-// The choices a --log-tuning run logged: unifab's tuner's lines ("-> algorithm/protocol by ..."),
-// and any per-call choice NCCL itself logs at INFO, each distinct line once (the ranks' alike).
-void printTuningChoices(const std::string& prefix, const char* label) {
+// Calls `visit` with every line of the logs NCCL wrote under `prefix` (NCCL_DEBUG_FILE appends
+// ".<host>.<pid>": one file per rank), the files in directory order.
+template <typename Visit>
+void forEachLogLine(const std::string& prefix, Visit visit) {
   const std::string directory = prefix.substr(0, prefix.rfind('/') + 1);
   const std::string stem = prefix.substr(directory.size());
-  std::vector<std::string> seen;
   DIR* dir = opendir(directory.c_str());
   if (dir == nullptr) return;
   for (dirent* entry = readdir(dir); entry != nullptr; entry = readdir(dir)) {
     const std::string name = entry->d_name;
     if (name.compare(0, stem.size(), stem) != 0) continue;
     std::ifstream in(directory + name);
-    for (std::string line; std::getline(in, line);) {
-      const bool unifab = line.find(" bytes (first call in ") != std::string::npos;
-      const bool nccl = line.find("Bytes -> Algo") != std::string::npos || line.find("Best tuning") != std::string::npos;
-      if (!unifab && !nccl) continue;
-      const size_t info = line.find("INFO ");
-      std::string text = info == std::string::npos ? line : line.substr(info + 5);
-      const size_t comm = text.find("comm 0x"), colon = text.find(": ", comm == std::string::npos ? 0 : comm);
-      if (comm != std::string::npos && colon != std::string::npos) text.erase(comm, colon + 2 - comm);  // ranks alike
-      if (std::find(seen.begin(), seen.end(), text) == seen.end()) seen.push_back(text);
-    }
+    for (std::string line; std::getline(in, line);) visit(line);
   }
-  closedir(dir);  // in the order logged (sizes grow), the files' in directory order
+  closedir(dir);
+}
+
+// The choices a --log-tuning run logged: unifab's tuner's lines ("-> algorithm/protocol by ..."),
+// and any per-call choice NCCL itself logs at INFO, each distinct line once (the ranks' alike).
+void printTuningChoices(const std::string& prefix, const char* label) {
+  std::vector<std::string> seen;  // in the order logged (sizes grow)
+  forEachLogLine(prefix, [&](const std::string& line) {
+    const bool unifab = line.find(" bytes (first call in ") != std::string::npos;
+    const bool nccl = line.find("Bytes -> Algo") != std::string::npos || line.find("Best tuning") != std::string::npos;
+    if (!unifab && !nccl) return;
+    const size_t info = line.find("INFO ");
+    std::string text = info == std::string::npos ? line : line.substr(info + 5);
+    const size_t comm = text.find("comm 0x"), colon = text.find(": ", comm == std::string::npos ? 0 : comm);
+    if (comm != std::string::npos && colon != std::string::npos) text.erase(comm, colon + 2 - comm);  // ranks alike
+    if (std::find(seen.begin(), seen.end(), text) == seen.end()) seen.push_back(text);
+  });
   constexpr size_t kMaxLines = 60;
   printf("# %s, NCCL_DEBUG_SUBSYS=TUNING (%zu distinct choice lines%s):\n", label, seen.size(),
          seen.size() > kMaxLines ? ", the first 60" : "");
@@ -130,25 +137,15 @@ std::string ncclCallName(const std::string& op) {
 // call -> "ALGO PROTO channel{Lo..Hi}={a..b}" (the first call of each size; they repeat).
 std::map<size_t, std::string> ncclChoices(const std::string& prefix, const std::string& op) {
   std::map<size_t, std::string> choices;
-  const std::string directory = prefix.substr(0, prefix.rfind('/') + 1);
-  const std::string stem = prefix.substr(directory.size());
   const std::string call = ncclCallName(op) + ": ";
-  DIR* dir = opendir(directory.c_str());
-  if (dir == nullptr) return choices;
-  for (dirent* entry = readdir(dir); entry != nullptr; entry = readdir(dir)) {
-    const std::string name = entry->d_name;
-    if (name.compare(0, stem.size(), stem) != 0) continue;
-    std::ifstream in(directory + name);
-    for (std::string line; std::getline(in, line);) {
-      const size_t at = line.find(call);
-      if (at == std::string::npos) continue;
-      const size_t algo = line.find("-> Algo ", at);
-      if (algo == std::string::npos) continue;
-      const size_t bytes = std::strtoull(line.c_str() + at + call.size(), nullptr, 10);
-      choices.emplace(bytes, line.substr(algo + 8));
-    }
-  }
-  closedir(dir);
+  forEachLogLine(prefix, [&](const std::string& line) {
+    const size_t at = line.find(call);
+    if (at == std::string::npos) return;
+    const size_t algo = line.find("-> Algo ", at);
+    if (algo == std::string::npos) return;
+    const size_t bytes = std::strtoull(line.c_str() + at + call.size(), nullptr, 10);
+    choices.emplace(bytes, line.substr(algo + 8));
+  });
   return choices;
 }
 
