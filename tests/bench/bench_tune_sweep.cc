@@ -188,6 +188,8 @@ int runTuneSweep(Args& args, const char* self) {
   const std::string force = args.value("--force", "tuner");
   const int nRanks = atoi(args.value("--nranks", "0").c_str());
   const bool logTuning = args.flag("--log-tuning");
+  // The acceptance check as a pass/fail: exit 3 when the like-for-like gap exceeds this (percent).
+  const double maxGap = atof(args.value("--max-gap", "-1").c_str());
   // A port speed for unifab's sockets where sysfs has none (loopback): NCCL's default and the
   // tuner both rate the network by it, so it should be what the link carries.
   const std::string socketSpeedMbps = args.value("--socket-speed-mbps", "");
@@ -431,6 +433,11 @@ int runTuneSweep(Args& args, const char* self) {
   printf("# at the default initialisation, unifab's tuner against the forced configurations (%s channels built): "
          "%.1f%%; %d configuration runs refused, %d configurations NCCL did not run as named\n",
          mostChannels.c_str(), worstTunerGap, failedRuns, notApplied);
+  if (maxGap >= 0 && worstTunerBuiltGap > maxGap) {
+    printf("# FAIL: unifab's tuner is %.1f%% behind the best forced configuration, more than --max-gap %.1f%%\n",
+           worstTunerBuiltGap, maxGap);
+    return 3;
+  }
   return 0;
 }
 

@@ -43,7 +43,8 @@ void usage() {
       "        and unifab's tuner (also with the most channels built), interleaved N times; per size the\n"
       "        best configuration and the gaps, medians over the repetitions (DIR/summary.csv); unifab:\n"
       "        NET forced, a node per rank (--socket-speed-mbps M: the sockets' port speed where sysfs\n"
-      "        has none); --log-tuning: the choices the tuner and NCCL log\n"
+      "        has none); --log-tuning: the choices the tuner and NCCL log; --max-gap P: exit 3 when\n"
+      "        the tuner is more than P %% behind the best configuration (same channels built)\n"
       "  copy-routes --bytes BYTES --busy-ms MS\n"
       "        each device-to-device copy route alone and next to a kernel holding every SM (one process)\n");
 }
