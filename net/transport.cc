@@ -48,18 +48,22 @@ Result acquireTransport(std::shared_ptr<Transport>* transport) {
   return unifabSuccess;
 }
 
-int liveTransportSpeedMbps() {
+LiveTransport liveTransport() {
   std::shared_ptr<Transport> live;
   {
     std::lock_guard<std::mutex> lock(g_transportMutex);
     live = g_transport.lock();
   }
-  int fastest = 0;
-  for (int dev = 0; live && dev < live->deviceCount(); ++dev) {
+  LiveTransport described;
+  if (!live) return described;
+  described.name = live->name();
+  for (int dev = 0; dev < live->deviceCount(); ++dev) {
     DeviceProperties props;
-    if (live->deviceProperties(dev, &props) == unifabSuccess && props.speedMbps > fastest) fastest = props.speedMbps;
+    if (live->deviceProperties(dev, &props) == unifabSuccess && props.speedMbps > described.speedMbps) {
+      described.speedMbps = props.speedMbps;
+    }
   }
-  return fastest;
+  return described;
 }
 
 }  // namespace unifab::net

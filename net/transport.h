@@ -97,8 +97,12 @@ class Transport {
 // every NCCL communicator; it goes away when the last holder releases it.
 Result acquireTransport(std::shared_ptr<Transport>* transport);
 
-// The fastest port speed (Mbit/s) of the transport NCCL is using in this process, or 0 when no
-// communicator holds one; never creates a transport.
-int liveTransportSpeedMbps();
+// The transport NCCL is using in this process, as the tuner sees it: its name() and its fastest
+// port speed (Mbit/s); empty and 0 when no communicator holds one. Never creates a transport.
+struct LiveTransport {
+  std::string name;
+  int speedMbps = 0;
+};
+LiveTransport liveTransport();
 
 }  // namespace unifab::net

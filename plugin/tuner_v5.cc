@@ -46,11 +46,13 @@ tuner::Topology buildTopology(size_t nRanks, size_t nNodes, const ncclNvlDomainI
   const tuner::LocalGpu gpu = tuner::localGpu();
   topo.computeCapability = gpu.computeCapability;
   topo.nvlinkGBps = gpu.nvlinkGBps;
+  const net::LiveTransport live = net::liveTransport();
   if (p.tunerNetGbps > 0) {
     topo.netGBps = p.tunerNetGbps;
-  } else if (int mbps = net::liveTransportSpeedMbps(); mbps > 0) {
-    topo.netGBps = mbps / 8000.0;
+  } else if (live.speedMbps > 0) {
+    topo.netGBps = live.speedMbps / 8000.0;
   }
+  topo.networkOverSockets = live.name == "socket";
   return topo;
 }
 

@@ -84,7 +84,9 @@ bool CostModel::pattern(int collective, int algorithm, Pattern* out) const {
 
 int CostModel::networkChannels(int collective, int algorithm, size_t bytes) const {
   Pattern p{};
-  if (topology_.nNodes < 2 || !usable() || !pattern(collective, algorithm, &p)) return 0;
+  if (topology_.nNodes < 2 || !topology_.networkOverSockets || !usable() || !pattern(collective, algorithm, &p)) {
+    return 0;
+  }
   const double wireBytes = static_cast<double>(bytes) * p.busFactor;
   const double wanted = std::ceil(wireBytes / std::max(1.0, constants_.netBytesPerChannel));
   const double fewest = wireBytes < constants_.netOneChannelBytes ? 1.0 : std::max(1, constants_.minNetChannels);

@@ -40,12 +40,12 @@ struct ModelConstants {
   double linkEfficiency = 0.8;       // achievable fraction of nominal link bandwidth
   double treeEfficiency = 0.9;       // tree pipelines up and down the same links
   double patEfficiency = 0.85;       // PAT's log-step exchange of growing blocks
-  // Across the network each channel is a connection of its own, with its own per-message costs in
-  // the proxy and the transport: a channel earns its place once it carries this much of a rank's
-  // wire bytes. Measured on unifab's sockets (docs/benchmarks/tuner.md): 2 channels beat 8 by 2x
-  // up to 2 MiB per rank, 8 beat 2 from 16 MiB.
+  // Over unifab's sockets each channel is a connection of its own, with per-message costs in
+  // NCCL's proxy and the transport: a channel earns its place once it carries this much of a
+  // rank's wire bytes. Measured (docs/benchmarks/tuner.md, fifth run): 2 channels beat 8 by up to
+  // 2x from 32 KiB to 2 MiB per rank, 8 beat 2 from 16 MiB.
   double netBytesPerChannel = 2.0 * 1024 * 1024;
-  int minNetChannels = 2;            // NCCL's own floor per network peer (NCHANNELS_PER_NET_PEER)
+  int minNetChannels = 2;            // the fewest measured fastest from 32 KiB to 2 MiB
   // Below this many wire bytes per rank an operation is latency-bound and one connection carries
   // it: a second adds its own messages (4 KiB all-reduce: 40 us on one channel, 50 on two; 4 KiB
   // all-gather 25 and 30). At 32 KiB two channels were the fastest measured.
@@ -60,10 +60,10 @@ class CostModel {
   bool usable() const;
   // Estimated microseconds for `bytes` (NCCL's nBytes for this collective), or < 0 if not covered.
   double estimateUs(int collective, int algorithm, int protocol, size_t bytes, int numPipeOps = 1) const;
-  // Channels for a pattern that crosses the network: one per netBytesPerChannel of the busiest
-  // rank's wire bytes, at least minNetChannels, and one below netOneChannelBytes (NCCL caps it at
-  // the channels it built, and still lowers it for tiny operations). 0 inside
-  // one node, where more channels add NVLink bandwidth and NCCL's own count stands, and for
+  // Channels for a pattern that crosses a network carried by unifab's sockets: one per
+  // netBytesPerChannel of the busiest rank's wire bytes, at least minNetChannels, one below
+  // netOneChannelBytes. It replaces NCCL's own count (NCCL caps it at the channels it built).
+  // 0, keeping NCCL's count, inside one node, over any other network (not measured), and for
   // patterns the model does not cover.
   int networkChannels(int collective, int algorithm, size_t bytes) const;
 

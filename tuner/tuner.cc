@@ -14,7 +14,8 @@ void Tuner::decide(int collective, size_t bytes, int numPipeOps, int regBuff, fl
                    int numProtocols, int* channels) const {
   if (!settings_.enabled || table == nullptr || collective < 0 || collective >= kNumCollectives) return;
   if (applyRule(collective, bytes, numPipeOps, regBuff, table, numAlgorithms, numProtocols, channels)) {
-    logChoice(collective, bytes, table, numAlgorithms, numProtocols, "a rule", channels != nullptr ? *channels : 0);
+    logChoice(collective, bytes, bestEntry(table, numAlgorithms, numProtocols), numProtocols, "a rule",
+              channels != nullptr ? *channels : 0);
     return;
   }
   const bool modelled = applyModel(collective, bytes, numPipeOps, table, numAlgorithms, numProtocols);
@@ -24,8 +25,7 @@ void Tuner::decide(int collective, size_t bytes, int numPipeOps, int regBuff, fl
     modelChannels = model_.networkChannels(collective, best / numProtocols, bytes);
     if (modelChannels > 0) *channels = modelChannels;
   }
-  logChoice(collective, bytes, table, numAlgorithms, numProtocols, modelled ? "the model" : "NCCL's table",
-            modelChannels);
+  logChoice(collective, bytes, best, numProtocols, modelled ? "the model" : "NCCL's table", modelChannels);
 }
 
 int Tuner::bestEntry(const float* table, int numAlgorithms, int numProtocols) {
@@ -36,14 +36,12 @@ int Tuner::bestEntry(const float* table, int numAlgorithms, int numProtocols) {
   return best;
 }
 
-void Tuner::logChoice(int collective, size_t bytes, const float* table, int numAlgorithms, int numProtocols,
-                      const char* by, int channels) const {
+void Tuner::logChoice(int collective, size_t bytes, int best, int numProtocols, const char* by, int channels) const {
+  if (best < 0) return;
   int range = 0;
   while (range < 63 && (bytes >> (range + 1)) != 0) ++range;
   const uint64_t bit = uint64_t{1} << range;
   if ((loggedSizes_[collective].fetch_or(bit, std::memory_order_relaxed) & bit) != 0) return;
-  const int best = bestEntry(table, numAlgorithms, numProtocols);
-  if (best < 0) return;
   UF_INFO(kTuner, kLogTuning, "comm 0x%" PRIx64 ": %s %zu bytes (first call in [2^%d, 2^%d)) -> %s/%s by %s, %s", commId_,
           collectiveName(collective), bytes, range, range + 1, algorithmName(best / numProtocols),
           protocolName(best % numProtocols), by,

@@ -37,13 +37,12 @@ class Tuner {
                  int numProtocols, int* channels) const;
   bool applyModel(int collective, size_t bytes, int numPipeOps, float* table, int numAlgorithms,
                   int numProtocols) const;
-  // INFO (NCCL_DEBUG_SUBSYS=TUNING): the entry the table now favours, once per collective and
-  // power-of-two size range per communicator, so that a run shows what was chosen without a line
-  // per call.
   // Index of the cheapest usable entry of `table`, or -1.
   static int bestEntry(const float* table, int numAlgorithms, int numProtocols);
-  void logChoice(int collective, size_t bytes, const float* table, int numAlgorithms, int numProtocols,
-                 const char* by, int channels) const;
+  // INFO (NCCL_DEBUG_SUBSYS=TUNING): the entry the table now favours (`best`, from bestEntry), once
+  // per collective and power-of-two size range per communicator, so that a run shows what was
+  // chosen without a line per call.
+  void logChoice(int collective, size_t bytes, int best, int numProtocols, const char* by, int channels) const;
 
   uint64_t commId_;
   CostModel model_;

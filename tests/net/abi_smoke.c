@@ -74,8 +74,9 @@ int main(int argc, char** argv) {
     int channels = 0;
     CHECK(tuner->getCollInfo(context, ncclFuncAllReduce, 64u << 20, 1, (float**)table, NCCL_NUM_ALGORITHMS_V5,
                              NCCL_NUM_PROTOCOLS_V5, 0, &channels) == ncclSuccess);
-    /* Two nodes: the model sets the network channels, one per 2 MiB of wire bytes (NCCL caps it). */
-    CHECK(channels == 32);
+    /* No unifab socket transport is live here (the network speed comes from UNIFAB_TUNER_NET_GBPS):
+       the channel count stays NCCL's. */
+    CHECK(channels == 0);
     CHECK(table[NCCL_ALGO_RING][NCCL_PROTO_LL128] == (float)NCCL_ALGO_PROTO_IGNORE);
     CHECK(table[NCCL_ALGO_PAT][NCCL_PROTO_SIMPLE] == (float)NCCL_ALGO_PROTO_IGNORE);
     /* 64 MiB over a 10 GB/s network: about 6.7 ms; the ring with the simple protocol wins. */
@@ -85,6 +86,21 @@ int main(int argc, char** argv) {
     /* A null table or context is tolerated: getCollInfo never fails NCCL's collective. */
     CHECK(tuner->getCollInfo(context, ncclFuncAllReduce, 8, 1, NULL, 7, 3, 0, &channels) == ncclSuccess);
     CHECK(tuner->finalize(context) == ncclSuccess);
+
+    /* With unifab's socket transport carrying the network, the model sets the channel count: one
+       per 2 MiB of each rank's 64 MiB on the wire. */
+    void* netContext = NULL;
+    CHECK(netTable != NULL && netTable->init(&netContext, 7, NULL, quietLogger, NULL) == ncclSuccess);
+    context = NULL;
+    CHECK(tuner->init(&context, 43, 2, 2, quietLogger, &nvl, &constants) == ncclSuccess && context != NULL);
+    table[NCCL_ALGO_RING][NCCL_PROTO_LL] = table[NCCL_ALGO_RING][NCCL_PROTO_SIMPLE] = 5000.0f;
+    table[NCCL_ALGO_TREE][NCCL_PROTO_LL] = table[NCCL_ALGO_TREE][NCCL_PROTO_SIMPLE] = 4000.0f;
+    channels = 0;
+    CHECK(tuner->getCollInfo(context, ncclFuncAllReduce, 64u << 20, 1, (float**)table, NCCL_NUM_ALGORITHMS_V5,
+                             NCCL_NUM_PROTOCOLS_V5, 0, &channels) == ncclSuccess);
+    CHECK(channels == 32);
+    CHECK(tuner->finalize(context) == ncclSuccess);
+    if (netTable != NULL && netContext != NULL) CHECK(netTable->finalize(netContext) == ncclSuccess);
   }
   dlclose(tunerLib);
   dlclose(net);
