@@ -82,26 +82,36 @@ std::map<size_t, double> readTimes(const std::string& path) {
   return times;
 }
 
-// Where a --log-tuning run's NCCL_DEBUG_FILE goes (NCCL appends ".<host>.<pid>").
-std::string tuningLog(const std::string& out, const std::string& op, const std::string& net, const std::string& label) {
-  return out + "/" + op + "." + net + "." + label + ".tuning";
+// Where a logging run's NCCL_DEBUG_FILE goes (NCCL appends ".<host>.<pid>"): `kind` is "tuning"
+// for --log-tuning's untimed run, "check" for the first timed repetition.
+std::string logPrefix(const std::string& out, const std::string& op, const std::string& net, const std::string& label,
+                      const char* kind) {
+  return out + "/" + op + "." + net + "." + label + "." + kind;
 }
 
-// Calls `visit` with every line of the logs NCCL wrote under `prefix` (NCCL_DEBUG_FILE appends
-// ".<host>.<pid>": one file per rank), the files in directory order.
+// Calls `visit` with the path of every log NCCL wrote under `prefix` (one file per rank).
 template <typename Visit>
-void forEachLogLine(const std::string& prefix, Visit visit) {
+void forEachLogFile(const std::string& prefix, Visit visit) {
   const std::string directory = prefix.substr(0, prefix.rfind('/') + 1);
   const std::string stem = prefix.substr(directory.size());
-  DIR* dir = opendir(directory.c_str());
-  if (dir == nullptr) return;
-  for (dirent* entry = readdir(dir); entry != nullptr; entry = readdir(dir)) {
-    const std::string name = entry->d_name;
-    if (name.compare(0, stem.size(), stem) != 0) continue;
-    std::ifstream in(directory + name);
-    for (std::string line; std::getline(in, line);) visit(line);
+  std::vector<std::string> paths;
+  if (DIR* dir = opendir(directory.c_str())) {
+    for (dirent* entry = readdir(dir); entry != nullptr; entry = readdir(dir)) {
+      const std::string name = entry->d_name;
+      if (name.compare(0, stem.size(), stem) == 0) paths.push_back(directory + name);
+    }
+    closedir(dir);
   }
-  closedir(dir);
+  for (const std::string& path : paths) visit(path);
+}
+
+// Calls `visit` with every line of the logs under `prefix`, the files in directory order.
+template <typename Visit>
+void forEachLogLine(const std::string& prefix, Visit visit) {
+  forEachLogFile(prefix, [&](const std::string& path) {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) visit(line);
+  });
 }
 
 // The choices a --log-tuning run logged: unifab's tuner's lines ("-> algorithm/protocol by ..."),
@@ -149,26 +159,18 @@ std::map<size_t, std::string> ncclChoices(const std::string& prefix, const std::
   return choices;
 }
 
-// What NCCL ran for `op` other than algorithm/protocol ("ALGO/PROTO", the first one seen), or ""
-// when every size ran the named configuration. A rule naming an entry NCCL ruled out is skipped
-// by the tuner, which then decides by its model: such a run must not count as the configuration
-// it is named after.
-std::string ranOtherThan(const std::map<size_t, std::string>& choices, const std::string& algorithm,
-                         const std::string& protocol) {
+// Whether a logged choice ("RING proto LL channel{...}") is `algorithm` with `protocol`. A rule
+// naming an entry NCCL ruled out is skipped by the tuner, which then decides by its model: such a
+// run must not count as the configuration it is named after.
+bool runsAs(const std::string& choice, const std::string& algorithm, const std::string& protocol) {
   auto upper = [](std::string text) {
     std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
     return text;
   };
-  if (choices.empty()) return "no choice logged";
-  for (const auto& [bytes, choice] : choices) {
-    std::istringstream fields(choice);
-    std::string ranAlgorithm, word, ranProtocol;
-    fields >> ranAlgorithm >> word >> ranProtocol;
-    if (upper(ranAlgorithm) != upper(algorithm) || upper(ranProtocol) != upper(protocol)) {
-      return ranAlgorithm + "/" + ranProtocol;
-    }
-  }
-  return "";
+  std::istringstream fields(choice);
+  std::string ranAlgorithm, word, ranProtocol;
+  fields >> ranAlgorithm >> word >> ranProtocol;
+  return upper(ranAlgorithm) == upper(algorithm) && upper(ranProtocol) == upper(protocol);
 }
 
 }  // namespace
@@ -298,12 +300,14 @@ int runTuneSweep(Args& args, const char* self) {
       }
       launch.environment.insert(launch.environment.end(), netEnvironment.begin(), netEnvironment.end());
       launch.environment.insert(launch.environment.end(), config.environment.begin(), config.environment.end());
-      // Repetition 1 of a forced configuration logs NCCL's per-call choice too, to check that NCCL
-      // ran what the configuration names (the spin hides the logging's host time).
-      if (rep == 0 || (rep == 1 && config.forced)) {
-        launch.environment.insert(launch.environment.end(),
-                                  {"NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=TUNING",
-                                   "NCCL_DEBUG_FILE=" + tuningLog(out, op, net, config.label) + ".%h.%p"});
+      // Repetition 1 logs NCCL's per-call choices, every configuration alike (the spin hides the
+      // logging's host time), to check that forced ones ran what they name. Logs of an earlier
+      // sweep into the same folder go first: their choices would mix with these.
+      if (rep <= 1) {
+        const std::string prefix = logPrefix(out, op, net, config.label, rep == 0 ? "tuning" : "check");
+        forEachLogFile(prefix, [](const std::string& path) { remove(path.c_str()); });
+        launch.environment.insert(launch.environment.end(), {"NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=TUNING",
+                                                             "NCCL_DEBUG_FILE=" + prefix + ".%h.%p"});
       }
       const std::vector<std::string> argv = {self, "coll", "--op", op, "--min", minBytes, "--max", maxBytes,
                                              "--factor", factor, "--iters", iters, "--warmup", warmup, "--csv", csv,
@@ -329,15 +333,31 @@ int runTuneSweep(Args& args, const char* self) {
         }
       }
     }
+    // NCCL logs an all-gather's or reduce-scatter's bytes per rank, the sweep the whole buffer.
+    const size_t ncclBytesDivisor = op == "all_gather" || op == "reduce_scatter" ? static_cast<size_t>(gpus) : 1;
     for (const Config& config : configs) {
       if (!config.forced || samples.count(config.label) == 0) continue;
-      const std::string other =
-          ranOtherThan(ncclChoices(tuningLog(out, op, net, config.label), op), config.algorithm, config.protocol);
-      if (other.empty()) continue;
-      printf("# %s %s: NCCL ran %s instead (the entry is ruled out here); left out\n", op.c_str(),
-             config.label.c_str(), other.c_str());
-      samples.erase(config.label);
-      ++notApplied;
+      const std::map<size_t, std::string> ran = ncclChoices(logPrefix(out, op, net, config.label, "check"), op);
+      if (ran.empty()) {
+        printf("# %s %s: NCCL logged no choice (repetition 1 failed, or this NCCL logs none); kept as named\n",
+               op.c_str(), config.label.c_str());
+        continue;
+      }
+      std::string dropped;
+      for (auto it = samples[config.label].begin(); it != samples[config.label].end();) {
+        auto choice = ran.find(it->first / ncclBytesDivisor);
+        if (choice == ran.end() || runsAs(choice->second, config.algorithm, config.protocol)) {
+          ++it;
+          continue;
+        }
+        dropped += " " + std::to_string(it->first) + " (" + choice->second.substr(0, choice->second.find(" channel")) + ")";
+        it = samples[config.label].erase(it);
+        ++notApplied;
+      }
+      if (!dropped.empty()) {
+        printf("# %s %s: NCCL ran something else at%s: the entry is ruled out there; those sizes left out\n",
+               op.c_str(), config.label.c_str(), dropped.c_str());
+      }
     }
     std::map<std::string, std::map<size_t, double>> results;  // medians over the repetitions
     for (auto& [label, bySize] : samples) {
@@ -355,13 +375,9 @@ int runTuneSweep(Args& args, const char* self) {
            "#  with channels built; '=' alike, so a difference in time is noise, '*' not, '?' not logged)\n");
     printf("# %12s %-20s %10s %10s %8s %10s %8s %10s %8s %10s %8s %5s\n", "bytes", "best", "best(us)", "tuner(us)", "gap",
            "default", "gap", "tuner+b", "gap", "default+b", "gap", "same");
-    // NCCL logs an all-gather's or reduce-scatter's bytes per rank, the sweep the whole buffer.
-    const size_t ncclBytesDivisor = op == "all_gather" || op == "reduce_scatter" ? static_cast<size_t>(gpus) : 1;
     std::map<std::string, std::map<size_t, std::string>> choices;  // label -> NCCL bytes -> choice
-    if (logTuning) {
-      for (const Config& config : configs) {
-        if (!config.forced) choices[config.label] = ncclChoices(tuningLog(out, op, net, config.label), op);
-      }
+    for (const Config& config : configs) {
+      if (!config.forced) choices[config.label] = ncclChoices(logPrefix(out, op, net, config.label, "check"), op);
     }
     auto alike = [&](const std::string& a, const std::string& b, size_t bytes) {
       auto first = choices[a].find(bytes / ncclBytesDivisor), second = choices[b].find(bytes / ncclBytesDivisor);
@@ -418,7 +434,9 @@ int runTuneSweep(Args& args, const char* self) {
               defaultBuiltUs, gapOf(defaultBuiltUs));
     }
     if (logTuning) {
-      for (const char* label : {"unifab-tuner", "default"}) printTuningChoices(tuningLog(out, op, net, label), label);
+      for (const char* label : {"unifab-tuner", "default"}) {
+        printTuningChoices(logPrefix(out, op, net, label, "tuning"), label);
+      }
     }
   }
   fclose(summary);
@@ -431,7 +449,7 @@ int runTuneSweep(Args& args, const char* self) {
          "channels built, %.1f%% at the default initialisation (where NCCL ran both alike, noise: up to %.1f%%)\n",
          worstBuiltVsDefaultBuilt, mostChannels.c_str(), worstTunerVsDefault, worstAlikeVsDefault);
   printf("# at the default initialisation, unifab's tuner against the forced configurations (%s channels built): "
-         "%.1f%%; %d configuration runs refused, %d configurations NCCL did not run as named\n",
+         "%.1f%%; %d configuration runs refused, %d configuration sizes NCCL did not run as named\n",
          mostChannels.c_str(), worstTunerGap, failedRuns, notApplied);
   if (maxGap >= 0 && worstTunerBuiltGap > maxGap) {
     printf("# FAIL: unifab's tuner is %.1f%% behind the best forced configuration, more than --max-gap %.1f%%\n",

@@ -10,7 +10,7 @@
 
 namespace unifab::test {
 
-// kBroadcast: from rank 0, in place on every other rank's receive buffer.
+// kBroadcast: rank 0's send buffer into every rank's receive buffer (out of place).
 enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kCount };
 
 const char* collectiveName(Collective collective);
