@@ -235,6 +235,7 @@ int runTuneSweep(Args& args, const char* self) {
   int failedRuns = 0, notApplied = 0;
   double worstTunerGap = 0, worstTunerBuiltGap = 0, worstTunerVsDefault = 0, worstBuiltVsDefaultBuilt = 0;
   double worstAlikeVsDefault = 0;  // sizes where NCCL ran the tuner's calls as the default's
+  std::string beatsDefault;         // "op bytes: -x%" where the tuner chose otherwise and was faster
   int gpus = nRanks;
   if (gpus <= 0 && (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1)) {
     fprintf(stderr, "unifab-bench tune-sweep: no CUDA device\n");
@@ -421,6 +422,12 @@ int runTuneSweep(Args& args, const char* self) {
       if (defaultUs > 0) {
         double& worst = same == '=' ? worstAlikeVsDefault : worstTunerVsDefault;
         worst = std::max(worst, 100 * (tunerUs / defaultUs - 1));
+        if (same == '*' && tunerUs < 0.95 * defaultUs) {
+          char gain[96];
+          snprintf(gain, sizeof(gain), "%s%s %zu B %.0f%% faster", beatsDefault.empty() ? "" : ", ", op.c_str(), bytes,
+                   100 * (1 - tunerUs / defaultUs));
+          beatsDefault += gain;
+        }
       }
       if (defaultBuiltUs > 0 && tunerBuiltUs > 0) {
         double& worst = sameBuilt == '=' ? worstAlikeVsDefault : worstBuiltVsDefaultBuilt;
@@ -451,6 +458,8 @@ int runTuneSweep(Args& args, const char* self) {
   printf("# at the default initialisation, unifab's tuner against the forced configurations (%s channels built): "
          "%.1f%%; %d configuration runs refused, %d configuration sizes NCCL did not run as named\n",
          mostChannels.c_str(), worstTunerGap, failedRuns, notApplied);
+  printf("# where unifab's tuner chose otherwise than NCCL's default and beat it by more than 5%% (default "
+         "initialisation): %s\n", beatsDefault.empty() ? "nowhere" : beatsDefault.c_str());
   if (maxGap >= 0 && worstTunerBuiltGap > maxGap) {
     printf("# FAIL: unifab's tuner is %.1f%% behind the best forced configuration, more than --max-gap %.1f%%\n",
            worstTunerBuiltGap, maxGap);
