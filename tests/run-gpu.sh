@@ -5,7 +5,8 @@
 #   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [nccltests] [tunesweep] [epsweep] [trace] [lltrace] [sanitize] [sweep] [ab]
 #   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
-# UNIFAB_TUNESWEEP_NETS / UNIFAB_TUNESWEEP_OPS limit the tunesweep step (it runs ~2 min per pair);
+# UNIFAB_TUNESWEEP_NETS / UNIFAB_TUNESWEEP_OPS limit the tunesweep step (per op, 3 repetitions: ~1-2 min
+# over NVLink, ~2-2.5 min over unifab; UNIFAB_TUNESWEEP_REPS changes the repetitions);
 # UNIFAB_TRACE_DTYPES / UNIFAB_TRACE_OPS limit the trace step (default: bf16 fp8 x empty cached dispatch combine);
 # ab measures the working tree against itself with UNIFAB_AB_PATCH (default ab.patch; or several
 # NAME=FILE baselines) reversed, interleaved (UNIFAB_AB_ARGS, UNIFAB_AB_DTYPES, UNIFAB_AB_REPS);
@@ -206,7 +207,7 @@ for step in $steps; do
       speed="" channels=2,8,32
       [ "$net" = unifab ] && speed="--socket-speed-mbps 80000" channels=1,2,8
       "$bench" tune-sweep --net $net --ops "${UNIFAB_TUNESWEEP_OPS:-all_reduce,all_gather,reduce_scatter,broadcast}" \
-        --min 8 --max 256M --factor 8 --iters 20 --warmup 5 --reps 3 --channels $channels --log-tuning $speed \
+        --min 8 --max 256M --factor 8 --iters 20 --warmup 5 --reps "${UNIFAB_TUNESWEEP_REPS:-3}" --channels $channels --log-tuning $speed \
         --out "$logs/tune-sweep-$net" >"$logs/tune-sweep-$net.txt" 2>&1 || failed=1
       grep -E "^#|^  " "$logs/tune-sweep-$net.txt" | tee -a "$summary"
     done
