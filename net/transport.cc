@@ -56,7 +56,7 @@ LiveTransport liveTransport() {
   }
   LiveTransport described;
   if (!live) return described;
-  described.name = live->name();
+  described.hostMovesPayload = live->hostMovesPayload();
   for (int dev = 0; dev < live->deviceCount(); ++dev) {
     DeviceProperties props;
     if (live->deviceProperties(dev, &props) == unifabSuccess && props.speedMbps > described.speedMbps) {

@@ -85,6 +85,9 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
+  // True when every message passes through host threads of this transport (sockets): each extra
+  // connection, and so each extra NCCL channel, then costs host time per message.
+  virtual bool hostMovesPayload() const = 0;
   virtual int deviceCount() const = 0;
   virtual Result deviceProperties(int dev, DeviceProperties* props) const = 0;
   // Writes at most kHandleBytes into `handle` for the peer's connect().
@@ -97,11 +100,12 @@ class Transport {
 // every NCCL communicator; it goes away when the last holder releases it.
 Result acquireTransport(std::shared_ptr<Transport>* transport);
 
-// The transport NCCL is using in this process, as the tuner sees it: its name() and its fastest
-// port speed (Mbit/s); empty and 0 when no communicator holds one. Never creates a transport.
+// The transport NCCL is using in this process, as the tuner sees it: its fastest port speed
+// (Mbit/s) and hostMovesPayload(); 0 and false when no communicator holds one. Never creates a
+// transport.
 struct LiveTransport {
-  std::string name;
   int speedMbps = 0;
+  bool hostMovesPayload = false;
 };
 LiveTransport liveTransport();
 

@@ -52,7 +52,7 @@ tuner::Topology buildTopology(size_t nRanks, size_t nNodes, const ncclNvlDomainI
   } else if (live.speedMbps > 0) {
     topo.netGBps = live.speedMbps / 8000.0;
   }
-  topo.networkOverSockets = live.name == "socket";
+  topo.networkHostMoved = live.hostMovesPayload;
   return topo;
 }
 

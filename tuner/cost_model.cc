@@ -84,7 +84,7 @@ bool CostModel::pattern(int collective, int algorithm, Pattern* out) const {
 
 int CostModel::networkChannels(int collective, int algorithm, size_t bytes) const {
   Pattern p{};
-  if (topology_.nNodes < 2 || !topology_.networkOverSockets || !usable() || !pattern(collective, algorithm, &p)) {
+  if (topology_.nNodes < 2 || !topology_.networkHostMoved || !usable() || !pattern(collective, algorithm, &p)) {
     return 0;
   }
   const double wireBytes = static_cast<double>(bytes) * p.busFactor;

@@ -60,10 +60,11 @@ class CostModel {
   bool usable() const;
   // Estimated microseconds for `bytes` (NCCL's nBytes for this collective), or < 0 if not covered.
   double estimateUs(int collective, int algorithm, int protocol, size_t bytes, int numPipeOps = 1) const;
-  // Channels for a pattern that crosses a network carried by unifab's sockets: one per
+  // Channels for a pattern that crosses a network whose transport moves every message through
+  // host threads (Topology::networkHostMoved: unifab's sockets, where it was measured): one per
   // netBytesPerChannel of the busiest rank's wire bytes, at least minNetChannels, one below
   // netOneChannelBytes. It replaces NCCL's own count (NCCL caps it at the channels it built).
-  // 0, keeping NCCL's count, inside one node, over any other network (not measured), and for
+  // 0, keeping NCCL's count, inside one node, over any other transport (not measured), and for
   // patterns the model does not cover.
   int networkChannels(int collective, int algorithm, size_t bytes) const;
 

@@ -14,8 +14,8 @@ struct Topology {
   int ranksPerNode = 0;     // largest NVLink domain; ranks of one node share NVLink
   double nvlinkGBps = 0;    // per GPU and direction; 0 = unknown
   double netGBps = 0;       // per rank and direction; 0 = unknown
-  bool networkOverSockets = false;  // unifab's socket transport carries it: each channel is a
-                                    // connection with per-message costs on the host
+  bool networkHostMoved = false;  // the net transport moves every message through host threads
+                                  // (unifab's sockets): each channel costs host time per message
   int computeCapability = 0;  // major*10+minor of the local GPU; 0 = unknown
 
   std::string describe() const;

@@ -34,6 +34,7 @@ class SocketTransport final : public Transport {
   ~SocketTransport() override;
 
   const char* name() const override { return "socket"; }
+  bool hostMovesPayload() const override { return true; }
   int deviceCount() const override { return static_cast<int>(interfaces_.size()); }
   Result deviceProperties(int dev, DeviceProperties* props) const override;
   Result listen(int dev, void* handle, std::unique_ptr<ListenComm>* comm) override;

@@ -212,7 +212,7 @@ TEST(Tuner, TouchesOnlyUsableEntriesAndChannelsOnlyAcrossSockets) {
   for (auto [gpus, nodes] : kShapes)
   for (bool sockets : {false, true}) {
     Topology t = topology(gpus, nodes);
-    t.networkOverSockets = sockets;
+    t.networkHostMoved = sockets;
     Tuner tuner(1, CostModel(t, ncclLikeLatencies()), TunerSettings{});
     for (int coll = 0; coll < kNumCollectives; ++coll) {
       for (size_t bytes = 8; bytes <= (size_t{1} << 30); bytes *= 4) {
@@ -247,7 +247,7 @@ TEST(Tuner, TouchesOnlyUsableEntriesAndChannelsOnlyAcrossSockets) {
 // 16 MiB, and one beat two at 4 KiB. Other networks keep NCCL's count.
 TEST(CostModel, NetworkChannelsFollowTheWireBytesPerRank) {
   Topology sockets = topology(1, 2);
-  sockets.networkOverSockets = true;
+  sockets.networkHostMoved = true;
   CostModel twoNodes(sockets, nccl2289Latencies(2));
   const size_t kMiB = size_t{1} << 20;
   EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 8), 1);
