@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "tests/bench/bench_common.h"
+#include "tests/common/device_data.h"
 #include "tests/common/rank_launcher.h"
 
 namespace unifab::bench {
@@ -334,8 +335,15 @@ int runTuneSweep(Args& args, const char* self) {
         }
       }
     }
-    // NCCL logs an all-gather's or reduce-scatter's bytes per rank, the sweep the whole buffer.
-    const size_t ncclBytesDivisor = op == "all_gather" || op == "reduce_scatter" ? static_cast<size_t>(gpus) : 1;
+    // NCCL logs a call's count argument in bytes (per rank for all-gather and reduce-scatter),
+    // the sweep the larger buffer: the buffers `coll` made for that size say which.
+    test::Collective collective = test::Collective::kAllReduce;
+    test::collectiveByName(op.c_str(), &collective);
+    auto ncclBytes = [&](size_t bytes) {
+      size_t sendCount = 0, recvCount = 0;
+      test::bufferCounts(collective, bytes, gpus, &sendCount, &recvCount);
+      return test::ncclCallCount(collective, sendCount, recvCount) * sizeof(float);
+    };
     for (const Config& config : configs) {
       if (!config.forced || samples.count(config.label) == 0) continue;
       const std::map<size_t, std::string> ran = ncclChoices(logPrefix(out, op, net, config.label, "check"), op);
@@ -346,7 +354,7 @@ int runTuneSweep(Args& args, const char* self) {
       }
       std::string dropped;
       for (auto it = samples[config.label].begin(); it != samples[config.label].end();) {
-        auto choice = ran.find(it->first / ncclBytesDivisor);
+        auto choice = ran.find(ncclBytes(it->first));
         if (choice == ran.end() || runsAs(choice->second, config.algorithm, config.protocol)) {
           ++it;
           continue;
@@ -381,7 +389,7 @@ int runTuneSweep(Args& args, const char* self) {
       if (!config.forced) choices[config.label] = ncclChoices(logPrefix(out, op, net, config.label, "check"), op);
     }
     auto alike = [&](const std::string& a, const std::string& b, size_t bytes) {
-      auto first = choices[a].find(bytes / ncclBytesDivisor), second = choices[b].find(bytes / ncclBytesDivisor);
+      auto first = choices[a].find(ncclBytes(bytes)), second = choices[b].find(ncclBytes(bytes));
       if (first == choices[a].end() || second == choices[b].end()) return '?';
       return first->second == second->second ? '=' : '*';
     };

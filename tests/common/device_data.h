@@ -21,6 +21,12 @@ bool collectiveByName(const char* name, Collective* out);
 // larger buffer of the pair), or false if `bytes` is too small for this rank count.
 bool bufferCounts(Collective collective, size_t bytes, int nRanks, size_t* sendCount, size_t* recvCount);
 
+// The count argument of the NCCL call for those buffers (NCCL logs it, times the type size, as
+// the call's bytes): the receive count for reduce-scatter, the send count otherwise.
+inline size_t ncclCallCount(Collective collective, size_t sendCount, size_t recvCount) {
+  return collective == Collective::kReduceScatter ? recvCount : sendCount;
+}
+
 cudaError_t fillInput(float* send, size_t sendCount, int rank, uint32_t seed, cudaStream_t stream);
 cudaError_t poisonBuffer(void* data, size_t bytes, cudaStream_t stream);
 // Adds the number of wrong elements of `recv` to *mismatches (device memory).

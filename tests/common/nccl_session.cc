@@ -44,7 +44,8 @@ bool NcclSession::run(Collective collective, const void* send, void* recv, size_
       TEST_NCCL_CHECK(ncclAllGather(send, recv, sendCount, ncclFloat, comm_, stream_));
       return true;
     case Collective::kReduceScatter:
-      TEST_NCCL_CHECK(ncclReduceScatter(send, recv, recvCount, ncclFloat, ncclSum, comm_, stream_));
+      TEST_NCCL_CHECK(ncclReduceScatter(send, recv, ncclCallCount(collective, sendCount, recvCount), ncclFloat,
+                                        ncclSum, comm_, stream_));
       return true;
     case Collective::kBroadcast:
       TEST_NCCL_CHECK(ncclBroadcast(send, recv, sendCount, ncclFloat, 0, comm_, stream_));
