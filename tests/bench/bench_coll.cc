@@ -3,6 +3,7 @@
 // machine's default paths. Bus bandwidth follows nccl-tests' definitions.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -21,12 +22,18 @@ double busFactor(Collective collective, int nRanks) {
   return collective == Collective::kAllReduce ? 2 * (n - 1) / n : (n - 1) / n;
 }
 
+// A batched sample lasts about this long: short enough that the whole sweep stays minutes.
+constexpr double kBatchTargetUs = 200;
+
 struct RankRun {
   Collective collective;
   size_t minBytes, maxBytes;
   int warmup, iters;
   size_t factor;
   int spinUs;  // GPU busy this long before each start event: the host enqueues the op meanwhile
+  // Up to this many calls back to back per timed sample, as many as fill ~kBatchTargetUs: the two
+  // ranks' arrival skew (~1 us, per process) then spreads over them, as in nccl-tests.
+  int batch;
   std::string csv;
   std::string label;
 };
@@ -45,9 +52,10 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
   TEST_CUDA_CHECK(cudaEventCreate(&stop));
   FILE* csv = nullptr;
   if (env.rank == 0) {
-    printf("# unifab-bench coll: %s, %d ranks, %s, median of %d after %d warm-up, time = slowest rank%s\n",
+    printf("# unifab-bench coll: %s, %d ranks, %s, median of %d after %d warm-up, time = slowest rank%s%s\n",
            test::collectiveName(run.collective), env.nRanks, run.label.c_str(), run.iters, run.warmup,
-           run.spinUs > 0 ? ", host enqueue hidden behind a spin" : "");
+           run.spinUs > 0 ? ", host enqueue hidden behind a spin" : "",
+           run.batch > 1 ? ", per call of up to --batch calls back to back per sample" : "");
     printf("# %10s %12s %12s %12s %12s %8s\n", "size(B)", "time(us)", "p90(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     if (!run.csv.empty()) {
       csv = fopen(run.csv.c_str(), "w");
@@ -59,21 +67,36 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
     if (!test::bufferCounts(run.collective, bytes, env.nRanks, &sendCount, &recvCount)) continue;
     uint32_t seed = static_cast<uint32_t>(bytes);
     TEST_CUDA_CHECK(test::fillInput(send, sendCount, env.rank, seed, session.stream()));
-    for (int i = 0; i < run.warmup; ++i) {
-      if (!session.run(run.collective, send, recv, sendCount, recvCount)) return false;
-    }
-    std::vector<double> samples;
-    for (int i = 0; i < run.iters; ++i) {
-      // Without the spin the time includes NCCL's host-side enqueue (~3 us, and per process it
-      // lands in one of two modes), which is the same for every algorithm and protocol.
+    // Without the spin a sample includes NCCL's host-side enqueue (~3 us, and per process it
+    // lands in one of two modes), which is the same for every algorithm and protocol.
+    auto timeCalls = [&](int calls, double* us) {
       if (run.spinUs > 0) TEST_CUDA_CHECK(test::spinOnDevice(run.spinUs * 1000LL, session.stream()));
       TEST_CUDA_CHECK(cudaEventRecord(start, session.stream()));
-      if (!session.run(run.collective, send, recv, sendCount, recvCount)) return false;
+      for (int call = 0; call < calls; ++call) {
+        if (!session.run(run.collective, send, recv, sendCount, recvCount)) return false;
+      }
       TEST_CUDA_CHECK(cudaEventRecord(stop, session.stream()));
       TEST_CUDA_CHECK(cudaEventSynchronize(stop));
       float ms = 0;
       TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      samples.push_back(ms * 1000.0);
+      *us = ms * 1000.0 / calls;
+      return true;
+    };
+    double callUs = 0;
+    for (int i = 0; i < run.warmup; ++i) {
+      if (!timeCalls(1, &callUs)) return false;
+    }
+    // Both ranks must make the same calls: the slowest rank's warm-up sizes the batch.
+    int calls = 1;
+    if (run.batch > 1 && run.warmup > 0) {
+      if (!session.maxOverRanks(&callUs)) return false;
+      calls = callUs >= kBatchTargetUs ? 1 : std::min(run.batch, static_cast<int>(kBatchTargetUs / callUs) + 1);
+    }
+    std::vector<double> samples;
+    for (int i = 0; i < run.iters; ++i) {
+      double us = 0;
+      if (!timeCalls(calls, &us)) return false;
+      samples.push_back(us);
     }
     // The check runs after timing, on fresh inputs and a poisoned output.
     TEST_CUDA_CHECK(test::poisonBuffer(recv, recvCount * sizeof(float), session.stream()));
@@ -131,6 +154,7 @@ int runColl(Args& args, const char* self) {
   run.iters = atoi(args.value("--iters", "30").c_str());
   run.csv = args.value("--csv", "");
   run.spinUs = atoi(args.value("--spin-us", "0").c_str());
+  run.batch = atoi(args.value("--batch", "1").c_str());
   std::string net = args.value("--net", "nvlink");
   std::string tuner = args.value("--tuner", "");
   std::string ranksText = args.value("--nranks", "0");
@@ -139,9 +163,9 @@ int runColl(Args& args, const char* self) {
     return 2;
   }
   if (run.minBytes == 0 || run.maxBytes < run.minBytes || run.factor < 2 || run.iters < 1 || run.warmup < 0 ||
-      run.spinUs < 0 || run.spinUs > 100000) {
+      run.spinUs < 0 || run.spinUs > 100000 || run.batch < 1 || run.batch > 1000) {
     fprintf(stderr, "unifab-bench coll: need 0 < --min <= --max, --factor >= 2, --iters >= 1, --warmup >= 0, "
-                    "0 <= --spin-us <= 100000\n");
+                    "0 <= --spin-us <= 100000, 1 <= --batch <= 1000\n");
     return 2;
   }
   run.label = "net=" + net + (tuner.empty() ? "" : "+tuner=" + tuner);

@@ -199,6 +199,9 @@ int runTuneSweep(Args& args, const char* self) {
   // Passed to every `coll` run: NCCL's host enqueue, the same for every configuration, lands in
   // one of two per-process modes ~3 us apart and would drown the small sizes' differences.
   const std::string spinUs = args.value("--spin-us", "50");
+  // Passed to every `coll` run: calls back to back per timed sample at small sizes, so the ranks'
+  // per-process arrival skew (~1 us, the rest of the small sizes' noise) spreads over them.
+  const std::string batch = args.value("--batch", "20");
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench tune-sweep: unknown argument '%s'\n", args.leftovers()[0].c_str());
     return 2;
@@ -314,7 +317,7 @@ int runTuneSweep(Args& args, const char* self) {
       }
       const std::vector<std::string> argv = {self, "coll", "--op", op, "--min", minBytes, "--max", maxBytes,
                                              "--factor", factor, "--iters", iters, "--warmup", warmup, "--csv", csv,
-                                             "--spin-us", spinUs};
+                                             "--spin-us", spinUs, "--batch", batch};
       remove(csv.c_str());
       if (test::launchRanks(launch, argv) != 0) return false;
       if (rep > 0) {
