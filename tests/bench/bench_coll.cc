@@ -25,14 +25,49 @@ double busFactor(Collective collective, int nRanks) {
 // A batched sample lasts about this long: short enough that the whole sweep stays minutes.
 constexpr double kBatchTargetUs = 200;
 
+// `calls` of one collective captured once into a CUDA graph and instantiated; freed with it.
+class CapturedCalls {
+ public:
+  CapturedCalls() = default;
+  CapturedCalls(const CapturedCalls&) = delete;
+  CapturedCalls& operator=(const CapturedCalls&) = delete;
+  ~CapturedCalls() {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+  }
+
+  template <typename Call>
+  bool capture(cudaStream_t stream, int calls, Call call) {
+    TEST_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    bool recorded = true;
+    for (int i = 0; i < calls && recorded; ++i) recorded = call();
+    cudaGraph_t graph = nullptr;
+    // Capture ends on a failed call too, or the stream would stay capturing.
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    if (!recorded) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      return false;
+    }
+    TEST_CUDA_CHECK(ended);
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec_, graph, 0);
+    cudaGraphDestroy(graph);
+    TEST_CUDA_CHECK(instantiated);
+    return true;
+  }
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 struct RankRun {
   Collective collective;
   size_t minBytes, maxBytes;
   int warmup, iters;
   size_t factor;
   int spinUs;  // GPU busy this long before each start event: the host enqueues the op meanwhile
-  // Up to this many calls back to back per timed sample, as many as fill ~kBatchTargetUs: the two
-  // ranks' arrival skew (~1 us, per process) then spreads over them, as in nccl-tests.
+  // Up to this many calls per timed sample, as many as fill ~kBatchTargetUs, captured in one CUDA
+  // graph (as nccl-tests -G): the two ranks' arrival skew (~1 us, per process) spreads over them,
+  // and the host's enqueue, slower than a small call on the GPU, stays out of the time.
   int batch;
   std::string csv;
   std::string label;
@@ -55,7 +90,7 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
     printf("# unifab-bench coll: %s, %d ranks, %s, median of %d after %d warm-up, time = slowest rank%s%s\n",
            test::collectiveName(run.collective), env.nRanks, run.label.c_str(), run.iters, run.warmup,
            run.spinUs > 0 ? ", host enqueue hidden behind a spin" : "",
-           run.batch > 1 ? ", per call of up to --batch calls back to back per sample" : "");
+           run.batch > 1 ? ", per call of up to --batch calls in one CUDA graph per sample" : "");
     printf("# %10s %12s %12s %12s %12s %8s\n", "size(B)", "time(us)", "p90(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     if (!run.csv.empty()) {
       csv = fopen(run.csv.c_str(), "w");
@@ -69,11 +104,13 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
     TEST_CUDA_CHECK(test::fillInput(send, sendCount, env.rank, seed, session.stream()));
     // Without the spin a sample includes NCCL's host-side enqueue (~3 us, and per process it
     // lands in one of two modes), which is the same for every algorithm and protocol.
-    auto timeCalls = [&](int calls, double* us) {
+    auto timeCalls = [&](int calls, cudaGraphExec_t graph, double* us) {
       if (run.spinUs > 0) TEST_CUDA_CHECK(test::spinOnDevice(run.spinUs * 1000LL, session.stream()));
       TEST_CUDA_CHECK(cudaEventRecord(start, session.stream()));
-      for (int call = 0; call < calls; ++call) {
-        if (!session.run(run.collective, send, recv, sendCount, recvCount)) return false;
+      if (graph != nullptr) {
+        TEST_CUDA_CHECK(cudaGraphLaunch(graph, session.stream()));
+      } else if (!session.run(run.collective, send, recv, sendCount, recvCount)) {
+        return false;
       }
       TEST_CUDA_CHECK(cudaEventRecord(stop, session.stream()));
       TEST_CUDA_CHECK(cudaEventSynchronize(stop));
@@ -84,7 +121,7 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
     };
     double callUs = 0;
     for (int i = 0; i < run.warmup; ++i) {
-      if (!timeCalls(1, &callUs)) return false;
+      if (!timeCalls(1, nullptr, &callUs)) return false;
     }
     // Both ranks must make the same calls: the slowest rank's warm-up sizes the batch.
     int calls = 1;
@@ -92,11 +129,17 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
       if (!session.maxOverRanks(&callUs)) return false;
       calls = callUs >= kBatchTargetUs ? 1 : std::min(run.batch, static_cast<int>(kBatchTargetUs / callUs) + 1);
     }
+    CapturedCalls captured;
+    if (calls > 1 && !captured.capture(session.stream(), calls, [&] {
+          return session.run(run.collective, send, recv, sendCount, recvCount);
+        })) {
+      return false;
+    }
     std::vector<double> samples;
-    for (int i = 0; i < run.iters; ++i) {
+    for (int i = 0; i < run.iters + (calls > 1 ? 1 : 0); ++i) {  // a graph's first launch uploads it
       double us = 0;
-      if (!timeCalls(calls, &us)) return false;
-      samples.push_back(us);
+      if (!timeCalls(calls, captured.exec(), &us)) return false;
+      if (calls == 1 || i > 0) samples.push_back(us);
     }
     // The check runs after timing, on fresh inputs and a poisoned output.
     TEST_CUDA_CHECK(test::poisonBuffer(recv, recvCount * sizeof(float), session.stream()));

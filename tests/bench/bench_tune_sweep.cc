@@ -199,8 +199,9 @@ int runTuneSweep(Args& args, const char* self) {
   // Passed to every `coll` run: NCCL's host enqueue, the same for every configuration, lands in
   // one of two per-process modes ~3 us apart and would drown the small sizes' differences.
   const std::string spinUs = args.value("--spin-us", "50");
-  // Passed to every `coll` run: calls back to back per timed sample at small sizes, so the ranks'
-  // per-process arrival skew (~1 us, the rest of the small sizes' noise) spreads over them.
+  // Passed to every `coll` run: up to this many calls per timed sample at small sizes, captured in
+  // one CUDA graph, so the ranks' per-process arrival skew (~1 us, the rest of the small sizes'
+  // noise) spreads over them and the host's enqueue (slower than a small call) stays out.
   const std::string batch = args.value("--batch", "20");
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench tune-sweep: unknown argument '%s'\n", args.leftovers()[0].c_str());
@@ -301,6 +302,9 @@ int runTuneSweep(Args& args, const char* self) {
       launch.timeoutSeconds = 600;
       const char* nvls = getenv("NCCL_NVLS_ENABLE");
       launch.environment.push_back(std::string("NCCL_NVLS_ENABLE=") + (nvls != nullptr ? nvls : "0"));
+      // Captured calls would otherwise register the user's buffers where eager ones copy through
+      // NCCL's: the graph is a timing device here, the data path must stay the eager one.
+      if (getenv("NCCL_GRAPH_REGISTER") == nullptr) launch.environment.push_back("NCCL_GRAPH_REGISTER=0");
       for (const char* variable : {"NCCL_SOCKET_IFNAME", "UNIFAB_SOCKET_IFNAME"}) {
         if (getenv(variable) == nullptr) launch.environment.push_back(std::string(variable) + "=lo");
       }

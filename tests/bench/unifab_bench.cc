@@ -28,7 +28,7 @@ void usage() {
       "        [--batch N]: NCCL collectives, one process per GPU; --net unifab and socket force NCCL's NET path\n"
       "        (P2P and SHM off) over unifab's plugin or NCCL's internal Socket transport; --spin-us: the\n"
       "        GPU spins N us before each start event, so the time leaves out NCCL's host enqueue;\n"
-      "        --batch: up to N calls back to back per timed sample (~200 us), time per call\n"
+      "        --batch: up to N calls (~200 us) per timed sample, in one CUDA graph; time per call\n"
       "  ep    --mode ht --tokens N --hidden H --topk K --experts E --dtype bf16|fp8 --layout rank|expert\n"
       "        --sms N --iters N --warmup N [--csv FILE] [--ops dispatch,empty,cached,combine,combine-input,nccl,ceiling]\n"
       "        expert-parallel dispatch and combine, one process per GPU, with NCCL's all-to-all\n"
