@@ -204,10 +204,14 @@ for step in $steps; do
     for net in ${UNIFAB_TUNESWEEP_NETS:-nvlink unifab}; do
       # Over the sockets NCCL builds 8 channels by default and more only slow every configuration
       # down (docs/benchmarks/tuner.md), so the forced ones run with NCCL's own 8 built.
-      speed="" channels=2,8,32
-      [ "$net" = unifab ] && speed="--socket-speed-mbps 80000" channels=1,2,8
+      # Calls are timed 20 to a CUDA graph where they are short (coll --batch): over NVLink that
+      # took the ranks' skew and the host's enqueue out of the small sizes. Over the sockets calls
+      # last 20 us and more, and the one sweep with graphs there ran out of its call's time before
+      # its first table (2026-11-30, ninth session): single calls there until one is measured.
+      speed="" channels=2,8,32 batch=20
+      [ "$net" = unifab ] && speed="--socket-speed-mbps 80000" channels=1,2,8 batch=1
       "$bench" tune-sweep --net $net --ops "${UNIFAB_TUNESWEEP_OPS:-all_reduce,all_gather,reduce_scatter,broadcast}" \
-        --min 8 --max 256M --factor 8 --iters 20 --warmup 5 --reps "${UNIFAB_TUNESWEEP_REPS:-3}" --channels $channels --log-tuning $speed \
+        --min 8 --max 256M --factor 8 --iters 20 --warmup 5 --reps "${UNIFAB_TUNESWEEP_REPS:-3}" --channels $channels --batch $batch --log-tuning $speed \
         --out "$logs/tune-sweep-$net" >"$logs/tune-sweep-$net.txt" 2>&1 || failed=1
       grep -E "^#|^  " "$logs/tune-sweep-$net.txt" | tee -a "$summary"
     done

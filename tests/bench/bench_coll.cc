@@ -25,40 +25,6 @@ double busFactor(Collective collective, int nRanks) {
 // A batched sample lasts about this long: short enough that the whole sweep stays minutes.
 constexpr double kBatchTargetUs = 200;
 
-// `calls` of one collective captured once into a CUDA graph and instantiated; freed with it.
-class CapturedCalls {
- public:
-  CapturedCalls() = default;
-  CapturedCalls(const CapturedCalls&) = delete;
-  CapturedCalls& operator=(const CapturedCalls&) = delete;
-  ~CapturedCalls() {
-    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
-  }
-
-  template <typename Call>
-  bool capture(cudaStream_t stream, int calls, Call call) {
-    TEST_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    bool recorded = true;
-    for (int i = 0; i < calls && recorded; ++i) recorded = call();
-    cudaGraph_t graph = nullptr;
-    // Capture ends on a failed call too, or the stream would stay capturing.
-    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-    if (!recorded) {
-      if (graph != nullptr) cudaGraphDestroy(graph);
-      return false;
-    }
-    TEST_CUDA_CHECK(ended);
-    const cudaError_t instantiated = cudaGraphInstantiate(&exec_, graph, 0);
-    cudaGraphDestroy(graph);
-    TEST_CUDA_CHECK(instantiated);
-    return true;
-  }
-  cudaGraphExec_t exec() const { return exec_; }
-
- private:
-  cudaGraphExec_t exec_ = nullptr;
-};
-
 struct RankRun {
   Collective collective;
   size_t minBytes, maxBytes;
@@ -104,11 +70,11 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
     TEST_CUDA_CHECK(test::fillInput(send, sendCount, env.rank, seed, session.stream()));
     // Without the spin a sample includes NCCL's host-side enqueue (~3 us, and per process it
     // lands in one of two modes), which is the same for every algorithm and protocol.
-    auto timeCalls = [&](int calls, cudaGraphExec_t graph, double* us) {
+    auto timeCalls = [&](int calls, test::GraphExec* graph, double* us) {
       if (run.spinUs > 0) TEST_CUDA_CHECK(test::spinOnDevice(run.spinUs * 1000LL, session.stream()));
       TEST_CUDA_CHECK(cudaEventRecord(start, session.stream()));
       if (graph != nullptr) {
-        TEST_CUDA_CHECK(cudaGraphLaunch(graph, session.stream()));
+        if (!graph->launch(session.stream())) return false;
       } else if (!session.run(run.collective, send, recv, sendCount, recvCount)) {
         return false;
       }
@@ -129,16 +95,14 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
       if (!session.maxOverRanks(&callUs)) return false;
       calls = callUs >= kBatchTargetUs ? 1 : std::min(run.batch, static_cast<int>(kBatchTargetUs / callUs) + 1);
     }
-    CapturedCalls captured;
-    if (calls > 1 && !captured.capture(session.stream(), calls, [&] {
-          return session.run(run.collective, send, recv, sendCount, recvCount);
-        })) {
+    test::GraphExec graph;
+    if (calls > 1 && !session.captureRuns(run.collective, send, recv, sendCount, recvCount, calls, &graph)) {
       return false;
     }
     std::vector<double> samples;
     for (int i = 0; i < run.iters + (calls > 1 ? 1 : 0); ++i) {  // a graph's first launch uploads it
       double us = 0;
-      if (!timeCalls(calls, captured.exec(), &us)) return false;
+      if (!timeCalls(calls, calls > 1 ? &graph : nullptr, &us)) return false;
       if (calls == 1 || i > 0) samples.push_back(us);
     }
     // The check runs after timing, on fresh inputs and a poisoned output.

@@ -61,6 +61,42 @@ bool NcclSession::run(Collective collective, const void* send, void* recv, size_
   }
 }
 
+GraphExec::~GraphExec() {
+  if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+}
+
+bool GraphExec::launch(cudaStream_t stream) {
+  if (exec_ == nullptr) {
+    fprintf(stderr, "GraphExec::launch: nothing captured\n");
+    return false;
+  }
+  TEST_CUDA_CHECK(cudaGraphLaunch(exec_, stream));
+  return true;
+}
+
+bool NcclSession::captureRuns(Collective collective, const void* send, void* recv, size_t sendCount,
+                              size_t recvCount, int calls, GraphExec* graph) {
+  if (graph->exec_ != nullptr || calls < 1) {
+    fprintf(stderr, "NcclSession::captureRuns: needs an empty graph and calls >= 1 (got %d)\n", calls);
+    return false;
+  }
+  TEST_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+  bool recorded = true;
+  for (int i = 0; i < calls && recorded; ++i) recorded = run(collective, send, recv, sendCount, recvCount);
+  cudaGraph_t captured = nullptr;
+  // Capture ends after a failed call too, or the stream would stay capturing.
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &captured);
+  if (!recorded) {
+    if (captured != nullptr) cudaGraphDestroy(captured);
+    return false;
+  }
+  TEST_CUDA_CHECK(ended);
+  const cudaError_t instantiated = cudaGraphInstantiate(&graph->exec_, captured, 0);
+  cudaGraphDestroy(captured);
+  TEST_CUDA_CHECK(instantiated);
+  return true;
+}
+
 bool NcclSession::exchange(const char* send, char* recv, size_t stride, const size_t* sendBytes,
                            const size_t* recvBytes) {
   TEST_NCCL_CHECK(ncclGroupStart());

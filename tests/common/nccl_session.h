@@ -32,6 +32,22 @@
 
 namespace unifab::test {
 
+// An instantiated CUDA graph, destroyed with this object.
+class GraphExec {
+ public:
+  GraphExec() = default;
+  ~GraphExec();
+  GraphExec(const GraphExec&) = delete;
+  GraphExec& operator=(const GraphExec&) = delete;
+
+  cudaGraphExec_t get() const { return exec_; }
+  bool launch(cudaStream_t stream);
+
+ private:
+  friend class NcclSession;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 class NcclSession {
  public:
   NcclSession() = default;
@@ -42,6 +58,10 @@ class NcclSession {
   // Selects the GPU (local rank modulo the visible count) and joins the communicator.
   bool init(const RankEnvironment& env);
   bool run(Collective collective, const void* send, void* recv, size_t sendCount, size_t recvCount);
+  // `calls` runs of the collective captured on this session's stream into one graph (as training
+  // loops capture them); `graph` must be empty.
+  bool captureRuns(Collective collective, const void* send, void* recv, size_t sendCount, size_t recvCount,
+                   int calls, GraphExec* graph);
   // Grouped send/recv with every peer (the all-to-all users write by hand): sendBytes[p] bytes
   // from send + p * stride to peer p, and recvBytes[p] from peer p into recv + p * stride.
   bool exchange(const char* send, char* recv, size_t stride, const size_t* sendBytes, const size_t* recvBytes);

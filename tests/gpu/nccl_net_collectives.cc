@@ -1,7 +1,8 @@
 // NCCL's own collectives crossing unifab's net plugin (run under unifab-launch, one process per
 // GPU, with NET forced: NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=unifab). For every
 // collective and size from 8 B to 256 MiB (x2 steps), two rounds with fresh inputs and poisoned
-// outputs are checked bit-exactly on the GPU. With --expect-plugin the rank then reads its NCCL
+// outputs are checked bit-exactly on the GPU, and a few sizes again captured in a CUDA graph and
+// replayed three times. With --expect-plugin the rank then reads its NCCL
 // debug file and requires the lines that show NCCL loaded and used unifab's net and tuner.
 #include <cstdio>
 #include <cstdlib>
@@ -50,17 +51,24 @@ bool parse(int argc, char** argv, Options* options) {
   return true;
 }
 
-bool checkOne(NcclSession& session, Collective collective, size_t bytes, int rounds, float* send, float* recv,
-              unsigned long long* deviceMismatches, int* passed, int* failed) {
+// Rounds of the collective on fresh inputs and a poisoned output, each checked; with `captured`
+// the call is captured once into a CUDA graph and each round replays it (NCCL's proxy then drives
+// unifab's net from a graph, as in training loops that capture their steps).
+bool checkOne(NcclSession& session, Collective collective, size_t bytes, int rounds, bool captured, float* send,
+              float* recv, unsigned long long* deviceMismatches, int* passed, int* failed) {
   size_t sendCount = 0;
   size_t recvCount = 0;
   if (!bufferCounts(collective, bytes, session.nRanks(), &sendCount, &recvCount)) return true;
+  GraphExec graph;
+  if (captured && !session.captureRuns(collective, send, recv, sendCount, recvCount, 1, &graph)) return false;
   for (int round = 0; round < rounds; ++round) {
-    uint32_t seed = static_cast<uint32_t>(bytes * 31 + round * 7 + static_cast<size_t>(collective));
+    uint32_t seed = static_cast<uint32_t>(bytes * 31 + round * 7 + static_cast<size_t>(collective) + (captured ? 5 : 0));
     TEST_CUDA_CHECK(fillInput(send, sendCount, session.rank(), seed, session.stream()));
     TEST_CUDA_CHECK(poisonBuffer(recv, recvCount * sizeof(float), session.stream()));
     TEST_CUDA_CHECK(cudaMemsetAsync(deviceMismatches, 0, sizeof(unsigned long long), session.stream()));
-    if (!session.run(collective, send, recv, sendCount, recvCount)) return false;
+    if (captured ? !graph.launch(session.stream()) : !session.run(collective, send, recv, sendCount, recvCount)) {
+      return false;
+    }
     TEST_CUDA_CHECK(countMismatches(collective, recv, recvCount, session.rank(), session.nRanks(), seed,
                                     deviceMismatches, session.stream()));
     unsigned long long mismatches = 0;
@@ -68,8 +76,8 @@ bool checkOne(NcclSession& session, Collective collective, size_t bytes, int rou
                                     session.stream()));
     TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
     if (mismatches != 0) {
-      printf("rank %d: FAIL %s %zu B round %d: %llu of %zu elements wrong\n", session.rank(),
-             collectiveName(collective), bytes, round, mismatches, recvCount);
+      printf("rank %d: FAIL %s %zu B round %d%s: %llu of %zu elements wrong\n", session.rank(),
+             collectiveName(collective), bytes, round, captured ? " (graph replay)" : "", mismatches, recvCount);
       ++*failed;
     } else {
       ++*passed;
@@ -129,15 +137,22 @@ int main(int argc, char** argv) {
     for (int c = 0; c < static_cast<int>(Collective::kCount); ++c) {
       if (!options.only.empty() && options.only != collectiveName(static_cast<Collective>(c))) continue;
       for (size_t bytes = options.minBytes; bytes <= options.maxBytes; bytes *= 2) {
-        if (!checkOne(session, static_cast<Collective>(c), bytes, options.rounds, send, recv, mismatches, &passed,
-                      &failed)) {
+        if (!checkOne(session, static_cast<Collective>(c), bytes, options.rounds, false, send, recv, mismatches,
+                      &passed, &failed)) {
           return 1;
         }
       }
       // An odd size: a count that divides into no power of two.
-      if (!checkOne(session, static_cast<Collective>(c), 3 * 1000 * 1000 + 12, 1, send, recv, mismatches, &passed,
-                    &failed)) {
+      if (!checkOne(session, static_cast<Collective>(c), 3 * 1000 * 1000 + 12, 1, false, send, recv, mismatches,
+                    &passed, &failed)) {
         return 1;
+      }
+      // Captured in CUDA graphs and replayed: one call of LL size, one of Simple size, the odd one.
+      for (size_t bytes : {size_t{4096}, size_t{1} << 20, size_t{3 * 1000 * 1000 + 12}}) {
+        if (bytes > options.maxBytes) continue;
+        if (!checkOne(session, static_cast<Collective>(c), bytes, 3, true, send, recv, mismatches, &passed, &failed)) {
+          return 1;
+        }
       }
     }
     cudaFree(send);
