@@ -5,6 +5,7 @@
 #   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [nccltests] [tunesweep] [epsweep] [trace] [lltrace] [sanitize] [sweep] [ab]
 #   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
+# UNIFAB_TUNESWEEP_CHANNELS replaces the forced channel counts (NVLink 2,8,32; unifab 1,2,8).
 # UNIFAB_TUNESWEEP_NETS / UNIFAB_TUNESWEEP_OPS limit the tunesweep step (per op, 3 repetitions: ~1-2 min
 # over NVLink, ~2-2.5 min over unifab; UNIFAB_TUNESWEEP_REPS changes the repetitions);
 # UNIFAB_TRACE_DTYPES / UNIFAB_TRACE_OPS limit the trace step (default: bf16 fp8 x empty cached dispatch combine);
@@ -210,6 +211,7 @@ for step in $steps; do
       # its first table (2026-11-30, ninth session): single calls there until one is measured.
       speed="" channels=2,8,32 batch=20
       [ "$net" = unifab ] && speed="--socket-speed-mbps 80000" channels=1,2,8 batch=1
+      channels=${UNIFAB_TUNESWEEP_CHANNELS:-$channels}
       "$bench" tune-sweep --net $net --ops "${UNIFAB_TUNESWEEP_OPS:-all_reduce,all_gather,reduce_scatter,broadcast}" \
         --min 8 --max 256M --factor 8 --iters 20 --warmup 5 --reps "${UNIFAB_TUNESWEEP_REPS:-3}" --channels $channels --batch $batch --log-tuning $speed \
         --out "$logs/tune-sweep-$net" >"$logs/tune-sweep-$net.txt" 2>&1 || failed=1
