@@ -330,6 +330,43 @@ TEST(Tuner, TwoH200RanksFollowTheMeasuredAllReduceChoices) {
   }
 }
 
+// The protocols the graph-timed sweep of all four ops measured best or within 5 % of it on 2 x H200
+// (docs/benchmarks/tuner.md, sixth run; sizes as NCCL passes them to the tuner): LL up to 2 MiB,
+// Simple from 16 MiB. Broadcast at 2 MiB took Simple before Simple's NVLink start was added
+// (18.6 us against Ring-LL-32 17.1).
+TEST(Tuner, TwoH200RanksFollowTheMeasuredProtocolsOfEveryOp) {
+  Tuner tuner(1, CostModel(topology(2, 1), nccl2289Latencies(1)), TunerSettings{});
+  for (int collective : {kBroadcast, kAllGather, kReduceScatter, kAllReduce}) {
+    for (size_t bytes = 8; bytes <= (size_t{128} << 20); bytes *= 8) {
+      Table table(algorithmsNcclOffers(collective, topology(2, 1)));
+      int channels = 0;
+      tuner.decide(collective, bytes, 1, 0, table.data(), kNumAlgorithms, kNumProtocols, &channels);
+      const int expected = bytes <= (size_t{2} << 20) ? kLL : kSimple;
+      EXPECT_EQ(table.choice(), std::make_pair(static_cast<int>(kRing), expected))
+          << collectiveName(collective) << " " << bytes << " bytes";
+    }
+  }
+}
+
+// Simple's later start is an NVLink measurement: it moves estimates inside a node only.
+TEST(CostModel, SimpleStartsLaterOnlyInsideANode) {
+  ModelConstants without;
+  without.nvlinkSimpleStartUs = 0;
+  const ModelConstants with;
+  const size_t bytes = size_t{1} << 20;
+  CostModel inside(topology(2, 1), nccl2289Latencies(1), with), insideWithout(topology(2, 1), nccl2289Latencies(1), without);
+  EXPECT_NEAR(inside.estimateUs(kBroadcast, kRing, kSimple, bytes) - insideWithout.estimateUs(kBroadcast, kRing, kSimple, bytes),
+              with.nvlinkSimpleStartUs, 1e-9);
+  EXPECT_DOUBLE_EQ(inside.estimateUs(kBroadcast, kRing, kLL, bytes), insideWithout.estimateUs(kBroadcast, kRing, kLL, bytes));
+  for (auto [gpus, nodes] : {std::pair{1, 2}, std::pair{8, 2}}) {
+    CostModel across(topology(gpus, nodes), nccl2289Latencies(nodes), with);
+    CostModel acrossWithout(topology(gpus, nodes), nccl2289Latencies(nodes), without);
+    EXPECT_DOUBLE_EQ(across.estimateUs(kAllReduce, kRing, kSimple, bytes),
+                     acrossWithout.estimateUs(kAllReduce, kRing, kSimple, bytes))
+        << gpus << "x" << nodes;
+  }
+}
+
 // Inside one NVLink node the ring carries bandwidth-bound all-reduces, as in NCCL's own model: a
 // chain's interior ranks send twice what a ring's ranks send.
 TEST(Tuner, RingCarriesBandwidthBoundAllReduceInsideANode) {
