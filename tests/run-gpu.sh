@@ -206,9 +206,11 @@ for step in $steps; do
       # Over the sockets NCCL builds 8 channels by default and more only slow every configuration
       # down (docs/benchmarks/tuner.md), so the forced ones run with NCCL's own 8 built.
       # Calls are timed 20 to a CUDA graph where they are short (coll --batch): over NVLink that
-      # took the ranks' skew and the host's enqueue out of the small sizes. Over the sockets calls
-      # last 20 us and more, and the one sweep with graphs there ran out of its call's time before
-      # its first table (2026-11-30, ninth session): single calls there until one is measured.
+      # took the ranks' skew and the host's enqueue out of the small sizes. Across nodes a graph
+      # does not take the host out: NCCL hands each captured collective's network work to its proxy
+      # through a host callback per replay (NVIDIA/nccl#1805), so graphs would time those callbacks,
+      # not what an eager call costs (the one such sweep ran out of its call's 600 s before its
+      # first table, ninth session). Over the sockets calls last 20 us and more: single calls.
       speed="" channels=2,8,32 batch=20
       [ "$net" = unifab ] && speed="--socket-speed-mbps 80000" channels=1,2,8 batch=1
       channels=${UNIFAB_TUNESWEEP_CHANNELS:-$channels}
