@@ -205,17 +205,17 @@ for step in $steps; do
     for net in ${UNIFAB_TUNESWEEP_NETS:-nvlink unifab}; do
       # Over the sockets NCCL builds 8 channels by default and more only slow every configuration
       # down (docs/benchmarks/tuner.md), so the forced ones run with NCCL's own 8 built.
-      # Calls are timed 20 to a CUDA graph where they are short (coll --batch): over NVLink that
+      # tune-sweep times calls 20 to a CUDA graph where they are short (coll --batch): over NVLink that
       # took the ranks' skew and the host's enqueue out of the small sizes. Across nodes a graph
       # does not take the host out: NCCL hands each captured collective's network work to its proxy
       # through a host callback per replay (NVIDIA/nccl#1805), so graphs would time those callbacks,
       # not what an eager call costs (the one such sweep ran out of its call's 600 s before its
-      # first table, ninth session). Over the sockets calls last 20 us and more: single calls.
-      speed="" channels=2,8,32 batch=20
-      [ "$net" = unifab ] && speed="--socket-speed-mbps 80000" channels=1,2,8 batch=1
+      # first table, ninth session). Over the sockets calls last 20 us and more: single calls there.
+      speed="" channels=2,8,32
+      [ "$net" = unifab ] && speed="--socket-speed-mbps 80000" channels=1,2,8
       channels=${UNIFAB_TUNESWEEP_CHANNELS:-$channels}
       "$bench" tune-sweep --net $net --ops "${UNIFAB_TUNESWEEP_OPS:-all_reduce,all_gather,reduce_scatter,broadcast}" \
-        --min 8 --max 256M --factor 8 --iters 20 --warmup 5 --reps "${UNIFAB_TUNESWEEP_REPS:-3}" --channels $channels --batch $batch --log-tuning $speed \
+        --min 8 --max 256M --factor 8 --iters 20 --warmup 5 --reps "${UNIFAB_TUNESWEEP_REPS:-3}" --channels $channels --log-tuning $speed \
         --out "$logs/tune-sweep-$net" >"$logs/tune-sweep-$net.txt" 2>&1 || failed=1
       grep -E "^#|^  " "$logs/tune-sweep-$net.txt" | tee -a "$summary"
     done

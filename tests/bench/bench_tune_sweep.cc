@@ -201,8 +201,10 @@ int runTuneSweep(Args& args, const char* self) {
   const std::string spinUs = args.value("--spin-us", "50");
   // Passed to every `coll` run: up to this many calls per timed sample at small sizes, captured in
   // one CUDA graph, so the ranks' per-process arrival skew (~1 us, the rest of the small sizes'
-  // noise) spreads over them and the host's enqueue (slower than a small call) stays out.
-  const std::string batch = args.value("--batch", "20");
+  // noise) spreads over them and the host's enqueue (slower than a small call) stays out. Not
+  // across nodes: there NCCL reaches its proxy through a host callback per captured collective and
+  // replay, which a graph would time instead of the call (single calls by default).
+  const std::string batch = args.value("--batch", net == "nvlink" ? "20" : "1");
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench tune-sweep: unknown argument '%s'\n", args.leftovers()[0].c_str());
     return 2;

@@ -39,7 +39,7 @@ void usage() {
       "  engram --rows LIST --fetch BYTES --iters N [--csv FILE]\n"
       "        Engram fetches of random peer rows per engine and SM count, against a plain gather kernel\n"
       "  tune-sweep --ops LIST --channels LIST --protocols LIST --min B --max B --factor F --iters N\n"
-      "        --reps N --net nvlink|unifab --force tuner|env --out DIR [--log-tuning] [--spin-us N] [--batch N]: every forced NCCL\n"
+      "        --reps N --net nvlink|unifab --force tuner|env --out DIR [--log-tuning] [--spin-us N] [--batch N (NVLink 20, else 1)]: every forced NCCL\n"
       "        configuration (through unifab's tuner, or NCCL_ALGO/NCCL_PROTO), NCCL's default\n"
       "        and unifab's tuner (also with the most channels built), interleaved N times; per size the\n"
       "        best configuration and the gaps, medians over the repetitions (DIR/summary.csv); unifab:\n"
