@@ -40,6 +40,13 @@ struct RankRun {
 };
 
 bool runRank(const RankRun& run, const test::RankEnvironment& env) {
+  // Captured calls would otherwise register the user's buffers where eager ones copy through
+  // NCCL's: the graph is a timing device here, the data path must stay the eager one. Set here,
+  // before NCCL reads it, so that it holds however the ranks were started (tune-sweep starts them).
+  if (run.batch > 1 && setenv("NCCL_GRAPH_REGISTER", "0", /*overwrite=*/0) != 0) {
+    fprintf(stderr, "unifab-bench coll: cannot set NCCL_GRAPH_REGISTER\n");
+    return false;
+  }
   test::NcclSession session;
   if (!session.init(env)) return false;
   size_t maxElements = run.maxBytes / sizeof(float) + 1;
@@ -56,7 +63,7 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
     printf("# unifab-bench coll: %s, %d ranks, %s, median of %d after %d warm-up, time = slowest rank%s%s\n",
            test::collectiveName(run.collective), env.nRanks, run.label.c_str(), run.iters, run.warmup,
            run.spinUs > 0 ? ", host enqueue hidden behind a spin" : "",
-           run.batch > 1 ? ", per call of up to --batch calls in one CUDA graph per sample" : "");
+           run.batch > 1 && run.warmup > 0 ? ", per call of up to --batch calls in one CUDA graph per sample" : "");
     printf("# %10s %12s %12s %12s %12s %8s\n", "size(B)", "time(us)", "p90(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     if (!run.csv.empty()) {
       csv = fopen(run.csv.c_str(), "w");
@@ -85,15 +92,19 @@ bool runRank(const RankRun& run, const test::RankEnvironment& env) {
       *us = ms * 1000.0 / calls;
       return true;
     };
-    double callUs = 0;
+    double callUs = 0;  // the fastest warm-up: the first may include NCCL's connection setup
     for (int i = 0; i < run.warmup; ++i) {
-      if (!timeCalls(1, nullptr, &callUs)) return false;
+      double us = 0;
+      if (!timeCalls(1, nullptr, &us)) return false;
+      callUs = i == 0 ? us : std::min(callUs, us);
     }
     // Both ranks must make the same calls: the slowest rank's warm-up sizes the batch.
     int calls = 1;
     if (run.batch > 1 && run.warmup > 0) {
       if (!session.maxOverRanks(&callUs)) return false;
-      calls = callUs >= kBatchTargetUs ? 1 : std::min(run.batch, static_cast<int>(kBatchTargetUs / callUs) + 1);
+      calls = callUs >= kBatchTargetUs ? 1
+              : callUs <= 0           ? run.batch
+                                      : std::min(run.batch, static_cast<int>(kBatchTargetUs / callUs) + 1);
     }
     test::GraphExec graph;
     if (calls > 1 && !session.captureRuns(run.collective, send, recv, sendCount, recvCount, calls, &graph)) {

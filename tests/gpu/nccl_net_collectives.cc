@@ -2,7 +2,7 @@
 // GPU, with NET forced: NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=unifab). For every
 // collective and size from 8 B to 256 MiB (x2 steps), two rounds with fresh inputs and poisoned
 // outputs are checked bit-exactly on the GPU; with --graph instead a few sizes are captured in a
-// CUDA graph each and replayed. With --expect-plugin the rank then reads its NCCL
+// CUDA graph each and replayed, once or three times back to back per round. With --expect-plugin the rank then reads its NCCL
 // debug file and requires the lines that show NCCL loaded and used unifab's net and tuner.
 #include <cstdio>
 #include <cstdlib>
@@ -75,8 +75,13 @@ bool checkOne(NcclSession& session, Collective collective, size_t bytes, int rou
     TEST_CUDA_CHECK(fillInput(send, sendCount, session.rank(), seed, session.stream()));
     TEST_CUDA_CHECK(poisonBuffer(recv, recvCount * sizeof(float), session.stream()));
     TEST_CUDA_CHECK(cudaMemsetAsync(deviceMismatches, 0, sizeof(unsigned long long), session.stream()));
-    if (captured ? !graph.launch(session.stream()) : !session.run(collective, send, recv, sendCount, recvCount)) {
-      return false;
+    // Odd rounds queue three replays back to back, as the sweep's samples and training loops do:
+    // out of place, each writes the same result.
+    const int launches = captured && round % 2 == 1 ? 3 : 1;
+    for (int launch = 0; launch < launches; ++launch) {
+      if (captured ? !graph.launch(session.stream()) : !session.run(collective, send, recv, sendCount, recvCount)) {
+        return false;
+      }
     }
     TEST_CUDA_CHECK(countMismatches(collective, recv, recvCount, session.rank(), session.nRanks(), seed,
                                     deviceMismatches, session.stream()));

@@ -315,8 +315,8 @@ TEST(Tuner, PicksLowLatencyForTinyAndSimpleForHugeMessages) {
 
 // The choices the 2 x H200 sweep measured best (docs/benchmarks/tuner.md, all_reduce over NVLink,
 // forced through the tuner, 3 repetitions): Ring-LL up to 2 MiB (Ring-LL-32 28.8 us against
-// Ring-Simple-32 36.2 at 2 MiB), Ring-Simple from 16 MiB. With NCCL's own constants the model
-// crosses from LL to Simple at ~2.7 MB (measured: between 2 and 16 MiB).
+// Ring-Simple-32 36.2 at 2 MiB), Ring-Simple from 16 MiB. With NCCL's own constants and Simple's
+// NVLink start the model crosses from LL to Simple at ~3.7 MB (measured: between 2 and 16 MiB).
 TEST(Tuner, TwoH200RanksFollowTheMeasuredAllReduceChoices) {
   Tuner tuner(1, CostModel(topology(2, 1), nccl2289Latencies(1)), TunerSettings{});
   for (size_t bytes : {size_t{8}, size_t{64}, size_t{512}, size_t{4096}, size_t{32768}, size_t{256} << 10,
