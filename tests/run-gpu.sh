@@ -5,7 +5,7 @@
 #   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [nccltests] [tunesweep] [epsweep] [trace] [lltrace] [sanitize] [sweep] [ab]
 #   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
-# UNIFAB_TUNESWEEP_CHANNELS replaces the forced channel counts (NVLink 2,8,32; unifab 1,2,8).
+# UNIFAB_TUNESWEEP_CHANNELS replaces the forced channel counts (NVLink 8,24,32; unifab 1,2,8).
 # UNIFAB_TUNESWEEP_NETS / UNIFAB_TUNESWEEP_OPS limit the tunesweep step (per op, 3 repetitions: ~1-2 min
 # over NVLink, ~2-2.5 min over unifab; UNIFAB_TUNESWEEP_REPS changes the repetitions);
 # UNIFAB_TRACE_DTYPES / UNIFAB_TRACE_OPS limit the trace step (default: bf16 fp8 x empty cached dispatch combine);
@@ -211,7 +211,8 @@ for step in $steps; do
       # through a host callback per replay (NVIDIA/nccl#1805), so graphs would time those callbacks,
       # not what an eager call costs (the one such sweep ran out of its call's 600 s before its
       # first table, ninth session). Over the sockets calls last 20 us and more: single calls there.
-      speed="" channels=2,8,32
+      # NVLink: 24 is what NCCL builds by default on 2 x H200, for the acceptance at that build.
+      speed="" channels=8,24,32
       [ "$net" = unifab ] && speed="--socket-speed-mbps 80000" channels=1,2,8
       channels=${UNIFAB_TUNESWEEP_CHANNELS:-$channels}
       "$bench" tune-sweep --net $net --ops "${UNIFAB_TUNESWEEP_OPS:-all_reduce,all_gather,reduce_scatter,broadcast}" \

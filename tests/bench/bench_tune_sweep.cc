@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -42,6 +43,7 @@ struct Config {
   std::vector<std::string> environment;  // NAME=VALUE
   bool forced;                           // one of the swept configurations
   std::string algorithm, protocol;       // what a forced configuration names (NCCL_ALGO spelling)
+  int channels = 0;                      // what a forced configuration names; 0 = NCCL's or the tuner's
 };
 
 std::vector<std::string> split(const std::string& text) {
@@ -160,6 +162,14 @@ std::map<size_t, std::string> ncclChoices(const std::string& prefix, const std::
   return choices;
 }
 
+// The channels a logged choice ("RING proto LL channel{Lo..Hi}={0..23}") runs on: Hi + 1, or 0.
+int channelsOf(const std::string& choice) {
+  const size_t range = choice.find("}={");
+  if (range == std::string::npos) return 0;
+  const size_t dots = choice.find("..", range);
+  return dots == std::string::npos ? 0 : atoi(choice.c_str() + dots + 2) + 1;
+}
+
 // Whether a logged choice ("RING proto LL channel{...}") is `algorithm` with `protocol`. A rule
 // naming an entry NCCL ruled out is skipped by the tuner, which then decides by its model: such a
 // run must not count as the configuration it is named after.
@@ -191,8 +201,12 @@ int runTuneSweep(Args& args, const char* self) {
   const std::string force = args.value("--force", "tuner");
   const int nRanks = atoi(args.value("--nranks", "0").c_str());
   const bool logTuning = args.flag("--log-tuning");
+  // Analyse a finished sweep's CSVs and logs in --out again, running nothing (no GPU needed).
+  const bool fromLogs = args.flag("--from-logs");
   // The acceptance check as a pass/fail: exit 3 when the like-for-like gap exceeds this (percent).
   const double maxGap = atof(args.value("--max-gap", "-1").c_str());
+  // And when the tuner, choosing otherwise than NCCL's default, is slower than it by more (percent).
+  const double maxSlowdown = atof(args.value("--max-slowdown", "-1").c_str());
   // A port speed for unifab's sockets where sysfs has none (loopback): NCCL's default and the
   // tuner both rate the network by it, so it should be what the link carries.
   const std::string socketSpeedMbps = args.value("--socket-speed-mbps", "");
@@ -234,7 +248,8 @@ int runTuneSweep(Args& args, const char* self) {
     return 1;
   }
   fprintf(summary, "op,net,bytes,best_config,best_us,tuner_us,tuner_gap_pct,default_us,default_gap_pct,"
-                   "tuner_built_us,tuner_built_gap_pct,default_built_us,default_built_gap_pct\n");
+                   "tuner_built_us,tuner_built_gap_pct,default_built_us,default_built_gap_pct,"
+                   "best_at_default_build,best_at_default_build_us,tuner_gap_at_default_build_pct\n");
   std::string mostChannels = channels.empty() ? "" : channels.front();
   for (const std::string& c : channels) {
     if (atoi(c.c_str()) > atoi(mostChannels.c_str())) mostChannels = c;
@@ -243,8 +258,18 @@ int runTuneSweep(Args& args, const char* self) {
   double worstTunerGap = 0, worstTunerBuiltGap = 0, worstTunerVsDefault = 0, worstBuiltVsDefaultBuilt = 0;
   double worstAlikeVsDefault = 0;  // sizes where NCCL ran the tuner's calls as the default's
   double worstBestAlikeNoise = 0;  // sizes where NCCL ran the tuner's calls as the best forced one's
+  // The same at NCCL's default build: the tuner at the default initialisation against the best
+  // forced configuration on no more channels than NCCL built by default (what users get).
+  double worstDefaultBuildGap = 0, worstDefaultBuildNoise = 0;
+  int defaultBuildChannels = 0;
+  int comparedSizes = 0;  // sizes with the tuner (channels built) and a forced configuration measured
   std::string beatsDefault;         // "op bytes: -x%" where the tuner chose otherwise and was faster
   int gpus = nRanks;
+  if (fromLogs && gpus <= 0) {
+    fprintf(stderr, "unifab-bench tune-sweep: --from-logs needs --nranks (the sweep's rank count)\n");
+    fclose(summary);
+    return 2;
+  }
   if (gpus <= 0 && (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1)) {
     fprintf(stderr, "unifab-bench tune-sweep: no CUDA device\n");
     fclose(summary);
@@ -274,7 +299,7 @@ int runTuneSweep(Args& args, const char* self) {
             configs.push_back({label,
                                {"NCCL_TUNER_PLUGIN=none", "NCCL_ALGO=" + algo, "NCCL_PROTO=" + proto,
                                 "NCCL_MIN_NCHANNELS=" + c, "NCCL_MAX_NCHANNELS=" + c},
-                               true, algo, proto});
+                               true, algo, proto, atoi(c.c_str())});
             continue;
           }
           const std::string rules = out + "/" + op + "." + label + ".rules";
@@ -290,7 +315,7 @@ int runTuneSweep(Args& args, const char* self) {
           configs.push_back({label,
                              {"NCCL_TUNER_PLUGIN=" + library, "UNIFAB_TUNER_CONFIG=" + rules,
                               "NCCL_MIN_NCHANNELS=" + mostChannels},
-                             true, algo, proto});
+                             true, algo, proto, atoi(c.c_str())});
         }
       }
     }
@@ -299,6 +324,13 @@ int runTuneSweep(Args& args, const char* self) {
     // Repetition 0 is the untimed --log-tuning run.
     auto runOnce = [&](const Config& config, int rep) {
       const std::string csv = out + "/" + op + "." + net + "." + config.label + ".rep" + std::to_string(rep) + ".csv";
+      if (fromLogs) {
+        const std::map<size_t, double> times = readTimes(csv);
+        if (rep > 0) {
+          for (const auto& [bytes, us] : times) samples[config.label][bytes].push_back(us);
+        }
+        return !times.empty();
+      }
       test::LaunchOptions launch;
       launch.nRanks = gpus;
       launch.timeoutSeconds = 600;
@@ -389,9 +421,11 @@ int runTuneSweep(Args& args, const char* self) {
            mostChannels.c_str(), force == "tuner" ? "through the tuner with them built" : "by NCCL_ALGO/NCCL_PROTO");
     printf("# (same: whether NCCL ran the tuner's and the default's calls alike, at the default initialisation and\n"
            "#  with channels built, then tuner+b's and the best's; '=' alike, so a difference in time is noise,\n"
-           "#  '*' not, '?' not logged)\n");
-    printf("# %12s %-20s %10s %10s %8s %10s %8s %10s %8s %10s %8s %5s\n", "bytes", "best", "best(us)", "tuner(us)", "gap",
-           "default", "gap", "tuner+b", "gap", "default+b", "gap", "same");
+           "#  '*' not, '?' not logged; best@default: the fastest forced configuration on no more channels than\n"
+           "#  NCCL's default built, with the tuner at the default initialisation against it and '=' as above)\n");
+    printf("# %12s %-20s %10s %10s %8s %10s %8s %10s %8s %10s %8s %5s %-16s %8s %8s %s\n", "bytes", "best", "best(us)",
+           "tuner(us)", "gap", "default", "gap", "tuner+b", "gap", "default+b", "gap", "same", "best@default",
+           "(us)", "tuner", "=");
     std::map<std::string, std::map<size_t, std::string>> choices;  // label -> NCCL bytes -> choice
     for (const Config& config : configs) {
       choices[config.label] = ncclChoices(logPrefix(out, op, net, config.label, "check"), op);
@@ -409,18 +443,31 @@ int runTuneSweep(Args& args, const char* self) {
       auto it = times.find(bytes);
       return it == times.end() ? 0.0 : it->second;
     };
-    for (const auto& [bytes, tunerUs] : tuner) {
-      std::string best;
-      double bestUs = 0;
+    // NCCL's default build: the most channels the default's logged calls ran on.
+    int opDefaultChannels = 0;
+    for (const auto& [ncclBytesLogged, choice] : choices["default"]) {
+      opDefaultChannels = std::max(opDefaultChannels, channelsOf(choice));
+    }
+    defaultBuildChannels = std::max(defaultBuildChannels, opDefaultChannels);
+    // The fastest forced configuration at `bytes` on at most `maxChannels`: label and time.
+    auto fastestForced = [&](size_t bytes, int maxChannels, std::string* label, double* us) {
+      label->clear();
+      *us = 0;
       for (const Config& config : configs) {
-        if (!config.forced) continue;
+        if (!config.forced || config.channels > maxChannels) continue;
         auto it = results[config.label].find(bytes);
         if (it == results[config.label].end()) continue;
-        if (best.empty() || it->second < bestUs) {
-          best = config.label;
-          bestUs = it->second;
+        if (label->empty() || it->second < *us) {
+          *label = config.label;
+          *us = it->second;
         }
       }
+    };
+    for (const auto& [bytes, tunerUs] : tuner) {
+      std::string best, bestAtDefault;
+      double bestUs = 0, bestAtDefaultUs = 0;
+      fastestForced(bytes, std::numeric_limits<int>::max(), &best, &bestUs);
+      fastestForced(bytes, opDefaultChannels, &bestAtDefault, &bestAtDefaultUs);
       const double defaultUs = timeAt(fallback, bytes);
       const double tunerBuiltUs = timeAt(tunerBuilt, bytes), defaultBuiltUs = timeAt(fallbackBuilt, bytes);
       if (best.empty()) continue;
@@ -436,6 +483,7 @@ int runTuneSweep(Args& args, const char* self) {
       // Where NCCL ran the tuner's call exactly as the best forced one (algorithm, protocol and
       // channels), the tuner chose the best and the gap is run-to-run noise: tracked apart, shown.
       const char sameAsBest = alike("unifab-tuner-built" + mostChannels, best, bytes);
+      if (tunerBuiltUs > 0) ++comparedSizes;
       if (tunerBuiltUs > 0 && !builtSmallEnough) {
         double& worst = sameAsBest == '=' ? worstBestAlikeNoise : worstTunerBuiltGap;
         worst = std::max(worst, gapOf(tunerBuiltUs));
@@ -455,12 +503,26 @@ int runTuneSweep(Args& args, const char* self) {
         double& worst = sameBuilt == '=' ? worstAlikeVsDefault : worstBuiltVsDefaultBuilt;
         worst = std::max(worst, 100 * (tunerBuiltUs / defaultBuiltUs - 1));
       }
-      printf("  %12zu %-20s %10.1f %10.1f %7.1f%% %10.1f %7.1f%% %10.1f %7.1f%% %10.1f %7.1f%%   %c%c%c\n", bytes,
-             best.c_str(), bestUs, tunerUs, tunerGap, defaultUs, defaultGap, tunerBuiltUs, gapOf(tunerBuiltUs),
-             defaultBuiltUs, gapOf(defaultBuiltUs), same, sameBuilt, sameAsBest);
-      fprintf(summary, "%s,%s,%zu,%s,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n", op.c_str(), net.c_str(), bytes,
-              best.c_str(), bestUs, tunerUs, tunerGap, defaultUs, defaultGap, tunerBuiltUs, gapOf(tunerBuiltUs),
-              defaultBuiltUs, gapOf(defaultBuiltUs));
+      // At the default build, the tuner as users run it against what it could have chosen there.
+      double defaultBuildGap = 0;
+      char sameAsBestAtDefault = '?';
+      if (!bestAtDefault.empty()) {
+        defaultBuildGap = 100 * (tunerUs / bestAtDefaultUs - 1);
+        sameAsBestAtDefault = alike("unifab-tuner", bestAtDefault, bytes);
+        if (!(bytes < (size_t{64} << 10) && tunerUs - bestAtDefaultUs <= 1.0)) {
+          double& worst = sameAsBestAtDefault == '=' ? worstDefaultBuildNoise : worstDefaultBuildGap;
+          worst = std::max(worst, defaultBuildGap);
+        }
+      }
+      printf("  %12zu %-20s %10.1f %10.1f %7.1f%% %10.1f %7.1f%% %10.1f %7.1f%% %10.1f %7.1f%%   %c%c%c %-16s %8.1f "
+             "%7.1f%% %c\n",
+             bytes, best.c_str(), bestUs, tunerUs, tunerGap, defaultUs, defaultGap, tunerBuiltUs, gapOf(tunerBuiltUs),
+             defaultBuiltUs, gapOf(defaultBuiltUs), same, sameBuilt, sameAsBest,
+             bestAtDefault.empty() ? "-" : bestAtDefault.c_str(), bestAtDefaultUs, defaultBuildGap, sameAsBestAtDefault);
+      fprintf(summary, "%s,%s,%zu,%s,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%s,%.2f,%.2f\n", op.c_str(),
+              net.c_str(), bytes, best.c_str(), bestUs, tunerUs, tunerGap, defaultUs, defaultGap, tunerBuiltUs,
+              gapOf(tunerBuiltUs), defaultBuiltUs, gapOf(defaultBuiltUs), bestAtDefault.c_str(), bestAtDefaultUs,
+              defaultBuildGap);
     }
     if (logTuning) {
       for (const char* label : {"unifab-tuner", "default"}) {
@@ -475,6 +537,10 @@ int runTuneSweep(Args& args, const char* self) {
          "configuration (sizes >= 64 KiB, or > 1 us below) where NCCL ran another choice: %.1f%% (where it ran the "
          "best's very choice, noise: up to %.1f%%)\n",
          mostChannels.c_str(), worstTunerBuiltGap, worstBestAlikeNoise);
+  printf("# acceptance at NCCL's default build (%d channels): worst gap of unifab's tuner (default initialisation) to "
+         "the best forced configuration on at most that many channels (sizes >= 64 KiB, or > 1 us below) where NCCL "
+         "ran another choice: %.1f%% (where it ran that one's very choice, noise: up to %.1f%%)\n",
+         defaultBuildChannels, worstDefaultBuildGap, worstDefaultBuildNoise);
   printf("# worst slowdown of unifab's tuner against NCCL's default where they chose differently: %.1f%% with %s "
          "channels built, %.1f%% at the default initialisation (where NCCL ran both alike, noise: up to %.1f%%)\n",
          worstBuiltVsDefaultBuilt, mostChannels.c_str(), worstTunerVsDefault, worstAlikeVsDefault);
@@ -483,9 +549,25 @@ int runTuneSweep(Args& args, const char* self) {
          mostChannels.c_str(), worstTunerGap, failedRuns, notApplied);
   printf("# where unifab's tuner chose otherwise than NCCL's default and beat it by more than 5%% (default "
          "initialisation): %s\n", beatsDefault.empty() ? "nowhere" : beatsDefault.c_str());
+  if (maxGap >= 0 && comparedSizes == 0) {
+    printf("# FAIL: no size had both the tuner and a forced configuration measured: nothing to accept\n");
+    return 3;
+  }
   if (maxGap >= 0 && worstTunerBuiltGap > maxGap) {
     printf("# FAIL: unifab's tuner is %.1f%% behind the best forced configuration, more than --max-gap %.1f%%\n",
            worstTunerBuiltGap, maxGap);
+    return 3;
+  }
+  if (maxGap >= 0 && worstDefaultBuildGap > maxGap) {
+    printf("# FAIL: at NCCL's default build unifab's tuner is %.1f%% behind the best forced configuration on at most "
+           "%d channels, more than --max-gap %.1f%%\n",
+           worstDefaultBuildGap, defaultBuildChannels, maxGap);
+    return 3;
+  }
+  if (maxSlowdown >= 0 && std::max(worstTunerVsDefault, worstBuiltVsDefaultBuilt) > maxSlowdown) {
+    printf("# FAIL: where unifab's tuner chose otherwise than NCCL's default it was %.1f%% slower, more than "
+           "--max-slowdown %.1f%%\n",
+           std::max(worstTunerVsDefault, worstBuiltVsDefaultBuilt), maxSlowdown);
     return 3;
   }
   // Noise this large between calls NCCL ran alike is no noise: something the choice does not show
