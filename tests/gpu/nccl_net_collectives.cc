@@ -42,7 +42,7 @@ bool parse(int argc, char** argv, Options* options) {
       options->only = argv[++i];
       Collective named;
       if (!collectiveByName(options->only.c_str(), &named)) {
-        fprintf(stderr, "--only %s: not a collective (all_reduce, all_gather, reduce_scatter, alltoall)\n",
+        fprintf(stderr, "--only %s: not a collective (all_reduce, all_gather, reduce_scatter, alltoall, broadcast)\n",
                 options->only.c_str());
         return false;
       }
