@@ -264,6 +264,7 @@ uint32_t SocketSendComm::startMessageLocked(SendRequest* request, const ClearToS
   for (size_t i = 0; i < chunks; ++i) {
     header.offset = i * chunk;
     header.length = request->size == 0 ? 0 : std::min<uint64_t>(chunk, request->size - header.offset);
+    header.chunkBytes = chunk;
     int stream = streamOf(receive.sequence, slot, i, nStreams);
     streams_[stream].queue.push_back(Task{request, header, request->data + header.offset, 0});
     touched |= 1u << stream;
@@ -357,11 +358,20 @@ void SocketSendComm::pumpAnnouncements() {
     }
     if (incomingBytes_ < sizeof(incoming_)) break;  // kWouldBlock with a partial message
     incomingBytes_ = 0;
+    // NCCL posts at most kMaxRequestsPerComm receives at a time; more announced ones than that
+    // unanswered would be a receiver out of step (and an unbounded queue here).
+    size_t unanswered = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      unanswered = announced_.size();
+    }
     if (incoming_.count < 1 || incoming_.count > static_cast<uint32_t>(options_.maxRecvs) ||
-        incoming_.sequence != expectedSequence_) {
+        incoming_.sequence != expectedSequence_ || unanswered >= static_cast<size_t>(kMaxRequestsPerComm)) {
       fail(unifabRemoteError, "protocol error: announcement #" + std::to_string(incoming_.sequence) + " with " +
                                   std::to_string(incoming_.count) + " buffers, expected #" +
-                                  std::to_string(expectedSequence_));
+                                  std::to_string(expectedSequence_) + " with at most " +
+                                  std::to_string(options_.maxRecvs) + " and " + std::to_string(unanswered) +
+                                  " unanswered");
       detach(0);
       break;
     }
@@ -431,6 +441,10 @@ Result SocketRecvComm::irecv(int n, void* const* data, const size_t* sizes, cons
     if (data[i] == nullptr && sizes[i] > 0) {
       return UF_ERROR(unifabInvalidArgument, kNet, "irecv data[%d]=NULL with sizes[%d]=%zu", i, i, sizes[i]);
     }
+    if (sizes[i] > kMaxTransferBytes) {
+      return UF_ERROR(unifabInvalidArgument, kNet, "irecv sizes[%d]=%zu exceeds the transfer limit %zu (maxP2pBytes)",
+                      i, sizes[i], kMaxTransferBytes);
+    }
   }
   uint64_t sequence = nextSequence_;
   RecvRequest& slot = requests_[sequence % kMaxRequestsPerComm];
@@ -442,13 +456,16 @@ Result SocketRecvComm::irecv(int n, void* const* data, const size_t* sizes, cons
   slot.count = n;
   slot.totalCapacity = 0;
   slot.error.clear();
+  slot.errorClaimed.store(false, std::memory_order_relaxed);
   slot.slotsDone.store(0, std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) {
     slot.buffers[i] = static_cast<char*>(data[i]);
     slot.capacity[i] = sizes[i];
     slot.totalCapacity += sizes[i];
     slot.received[i].store(0, std::memory_order_relaxed);
-    slot.messageBytes[i].store(0, std::memory_order_relaxed);
+    slot.messageBytes[i].store(RecvRequest::kUnsetBytes, std::memory_order_relaxed);
+    slot.chunkBytes[i].store(0, std::memory_order_relaxed);
+    slot.chunksSeen[i].store(0, std::memory_order_relaxed);
     announcement.slots[i].tag = tags[i];
     announcement.slots[i].capacity = sizes[i];
   }
@@ -532,35 +549,75 @@ void SocketRecvComm::onWritable(int stream) {
 bool SocketRecvComm::beginChunk(Stream& stream) {
   const ChunkHeader& header = stream.header;
   RecvRequest& request = requests_[header.sequence % kMaxRequestsPerComm];
+  const int state = request.state.load(std::memory_order_relaxed);
+  // A receive whose other buffer was too small has failed, but the chunks of its other buffers
+  // were sent in good faith and are taken (within bounds) rather than failing the connection.
   bool known = request.sequence.load(std::memory_order_acquire) == header.sequence &&
-               request.state.load(std::memory_order_relaxed) == RecvRequest::kPosted;
+               (state == RecvRequest::kPosted || state == RecvRequest::kFailed);
   if (!known || header.slot >= static_cast<uint32_t>(request.count)) {
     fail(unifabRemoteError, "protocol error: chunk for receive #" + std::to_string(header.sequence) + " buffer " +
                                 std::to_string(header.slot) + ", which is not posted");
     return false;
   }
+  const uint32_t slot = header.slot;
+  const uint64_t capacity = request.capacity[slot];
   if (header.flags & kChunkTruncated) {
-    request.error = "the peer's message of " + std::to_string(header.messageBytes) +
-                    " bytes is larger than buffer " + std::to_string(header.slot) + " (" +
-                    std::to_string(request.capacity[header.slot]) + " bytes)";
-    request.state.store(RecvRequest::kFailed, std::memory_order_release);
+    // Several buffers of one receive can be too small, their notices read by different threads.
+    if (!request.errorClaimed.exchange(true, std::memory_order_acq_rel)) {
+      request.error = "the peer's message of " + std::to_string(header.messageBytes) + " bytes is larger than buffer " +
+                      std::to_string(slot) + " (" + std::to_string(capacity) + " bytes)";
+      request.state.store(RecvRequest::kFailed, std::memory_order_release);
+    }
     return true;
   }
-  if (header.offset + header.length > request.capacity[header.slot] ||
-      header.messageBytes > request.capacity[header.slot]) {
-    fail(unifabRemoteError, "protocol error: chunk [" + std::to_string(header.offset) + ", +" +
-                                std::to_string(header.length) + ") overruns a buffer of " +
-                                std::to_string(request.capacity[header.slot]) + " bytes");
+  const uint64_t total = header.messageBytes;
+  if (total > capacity) {
+    fail(unifabRemoteError, "protocol error: a message of " + std::to_string(total) + " bytes for a buffer of " +
+                                std::to_string(capacity) + " bytes, not marked truncated");
     return false;
   }
-  request.messageBytes[header.slot].store(header.messageBytes, std::memory_order_relaxed);
+  // Chunks must tile the message exactly as the sender cuts it (wire.h): then no chunk writes
+  // outside it, none repeats or overlaps another, and the byte count completes the buffer only
+  // when every byte has arrived.
+  uint64_t index = 0;
+  bool tiles = false;
+  if (total == 0) {
+    tiles = header.offset == 0 && header.length == 0;
+  } else if (header.chunkBytes > 0 && header.offset < total && header.offset % header.chunkBytes == 0) {
+    index = header.offset / header.chunkBytes;
+    tiles = header.length == std::min(header.chunkBytes, total - header.offset) && index < 64;
+  }
+  uint64_t firstTotal = RecvRequest::kUnsetBytes;
+  uint64_t firstChunkBytes = 0;
+  const uint64_t bit = uint64_t{1} << index;
+  std::string problem;
+  if (!tiles) {
+    problem = "chunk [" + std::to_string(header.offset) + ", +" + std::to_string(header.length) + ") in pieces of " +
+              std::to_string(header.chunkBytes) + " does not cut a message of " + std::to_string(total) + " bytes";
+  } else if (!request.messageBytes[slot].compare_exchange_strong(firstTotal, total, std::memory_order_acq_rel) &&
+             firstTotal != total) {
+    problem = "chunks of one message name " + std::to_string(firstTotal) + " and " + std::to_string(total) + " bytes";
+  } else if (total > 0 &&
+             !request.chunkBytes[slot].compare_exchange_strong(firstChunkBytes, header.chunkBytes,
+                                                                std::memory_order_acq_rel) &&
+             firstChunkBytes != header.chunkBytes) {
+    problem = "chunks of one message are cut in pieces of " + std::to_string(firstChunkBytes) + " and " +
+              std::to_string(header.chunkBytes) + " bytes";
+  } else if (request.chunksSeen[slot].fetch_or(bit, std::memory_order_acq_rel) & bit) {
+    problem = "the chunk at offset " + std::to_string(header.offset) + " arrived twice";
+  }
+  if (!problem.empty()) {
+    fail(unifabRemoteError, "protocol error in receive #" + std::to_string(header.sequence) + " buffer " +
+                                std::to_string(slot) + ": " + problem);
+    return false;
+  }
   if (header.length == 0) {
-    finishChunk(&request, header.slot, 0);
+    finishChunk(&request, slot, 0);
     return true;
   }
   stream.inPayload = true;
   stream.target = &request;
-  stream.destination = request.buffers[header.slot] + header.offset;
+  stream.destination = request.buffers[slot] + header.offset;
   stream.remaining = header.length;
   return true;
 }
@@ -569,7 +626,9 @@ void SocketRecvComm::finishChunk(RecvRequest* request, uint32_t slot, uint64_t l
   uint64_t total = request->received[slot].fetch_add(length, std::memory_order_acq_rel) + length;
   if (total != request->messageBytes[slot].load(std::memory_order_relaxed)) return;
   if (request->slotsDone.fetch_add(1, std::memory_order_acq_rel) + 1 == request->count) {
-    request->state.store(RecvRequest::kDone, std::memory_order_release);
+    // Not over a failure another buffer of this receive reported.
+    int posted = RecvRequest::kPosted;
+    request->state.compare_exchange_strong(posted, RecvRequest::kDone, std::memory_order_acq_rel);
   }
 }
 

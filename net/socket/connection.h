@@ -170,11 +170,15 @@ struct RecvRequest final : Request {
   char* buffers[kMaxGroupedRecvs] = {};
   uint64_t capacity[kMaxGroupedRecvs] = {};
   std::atomic<uint64_t> sequence{~0ULL};
+  static constexpr uint64_t kUnsetBytes = ~0ULL;  // messageBytes before a buffer's first chunk
   std::atomic<uint64_t> messageBytes[kMaxGroupedRecvs] = {};
+  std::atomic<uint64_t> chunkBytes[kMaxGroupedRecvs] = {};  // 0 before the first chunk
+  std::atomic<uint64_t> chunksSeen[kMaxGroupedRecvs] = {};  // bit i: the chunk at i * chunkBytes
   std::atomic<uint64_t> received[kMaxGroupedRecvs] = {};
   std::atomic<int> slotsDone{0};
   std::atomic<int> state{kFree};
-  std::string error;  // for kFailed
+  std::atomic<bool> errorClaimed{false};  // the one writer of `error`
+  std::string error;  // for kFailed, written before the state says so
   Result test(bool* done, int* sizes) override;
 };
 

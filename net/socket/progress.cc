@@ -97,9 +97,11 @@ Result ProgressEngine::add(StreamRegistration* registration) {
     if (worker->dead) {
       return UF_ERROR(unifabSystemError, kNet, "socket progress thread %u stopped after an epoll failure", index);
     }
+    // Set before the registration is published: a worker that fails and detaches every stream it
+    // holds reads it (under this mutex) as soon as the registration is in its list.
+    registration->worker = static_cast<int>(index);
     worker->registered.push_back(registration);
   }
-  registration->worker = static_cast<int>(index);
   epoll_event event{};
   event.events = EPOLLIN | EPOLLRDHUP;
   event.data.ptr = registration;

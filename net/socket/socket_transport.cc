@@ -392,6 +392,14 @@ Result SocketTransport::connect(int dev, void* handle, std::unique_ptr<SendComm>
                     "version %u); are both ranks using the same plugin?",
                     static_cast<unsigned>(kWireVersion), listenHandle.magic, static_cast<unsigned>(listenHandle.version));
   }
+  const int family = listenHandle.address.sa.sa_family;
+  if (!(family == AF_INET && listenHandle.addressLength == sizeof(sockaddr_in)) &&
+      !(family == AF_INET6 && listenHandle.addressLength == sizeof(sockaddr_in6))) {
+    return UF_ERROR(unifabInvalidUsage, kNet,
+                    "connect: the handle's address (family %d, %u bytes) is neither IPv4 (%d, %zu) nor IPv6 (%d, %zu)",
+                    family, static_cast<unsigned>(listenHandle.addressLength), AF_INET, sizeof(sockaddr_in), AF_INET6,
+                    sizeof(sockaddr_in6));
+  }
   // Between calls the handle NCCL passes back names the connector, which the transport keeps (so
   // that one NCCL abandons is freed with the transport, and a handle naming no connector of ours
   // is refused instead of followed); during a call it is owned here, and goes back only while the

@@ -23,7 +23,7 @@
 namespace unifab::net::socket {
 
 constexpr uint32_t kWireMagic = 0x75664e54;  // "ufNT"
-constexpr uint16_t kWireVersion = 1;
+constexpr uint16_t kWireVersion = 2;  // 2: ChunkHeader carries chunkBytes
 constexpr int kMaxStreams = 16;
 
 // What listen() writes into NCCL's 128-byte handle. The connector keeps its in-progress state in
@@ -79,7 +79,10 @@ struct ChunkHeader {
   uint64_t messageBytes;  // total size of the message this chunk belongs to
   uint64_t offset;        // of this chunk within the message
   uint64_t length;        // payload bytes following this header
+  // The sender cuts a message into chunks of chunkBytes at multiples of it, the last one shorter
+  // (an empty message: one empty chunk), so the receiver can check that chunks tile the message.
+  uint64_t chunkBytes;
 };
-static_assert(sizeof(ChunkHeader) == 40, "ChunkHeader layout");
+static_assert(sizeof(ChunkHeader) == 48, "ChunkHeader layout");
 
 }  // namespace unifab::net::socket

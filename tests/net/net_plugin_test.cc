@@ -594,6 +594,241 @@ TEST_F(NetTest, ReceiverSeesAnErrorWhenTheSenderClosesWithReceivesPending) {
   EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
 }
 
+// A sender speaking the wire protocol (net/socket/wire.h) by hand on one stream, to send what
+// unifab's own sender never would: chunks that overrun, overlap, repeat or contradict each other.
+class RawSender {
+ public:
+  RawSender() = default;
+  RawSender(const RawSender&) = delete;
+  RawSender& operator=(const RawSender&) = delete;
+  ~RawSender() {
+    if (fd_ >= 0) close(fd_);
+  }
+
+  // Connects to the listener that wrote `handle` and introduces itself as a one-stream sender.
+  bool open(const char* handle) {
+    unifab::net::socket::ListenHandle listen;
+    memcpy(&listen, handle, sizeof(listen));
+    fd_ = socket(listen.address.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0 || ::connect(fd_, &listen.address.sa, listen.addressLength) != 0) return false;
+    unifab::net::socket::Hello hello{};
+    hello.magic = unifab::net::socket::kWireMagic;
+    hello.version = unifab::net::socket::kWireVersion;
+    hello.streamIndex = 0;
+    hello.streamCount = 1;
+    hello.connectionId = 0x5eed5eed;
+    hello.listenId = listen.listenId;
+    return writeAll(&hello, sizeof(hello));
+  }
+
+  // The receiver's next announcement (a posted receive), within `seconds`.
+  bool readAnnouncement(unifab::net::socket::ClearToSend* announcement, double seconds = 10.0) {
+    char* into = reinterpret_cast<char*>(announcement);
+    size_t got = 0;
+    const double deadline = nowSeconds() + seconds;
+    while (got < sizeof(*announcement)) {
+      pollfd readable{fd_, POLLIN, 0};
+      if (nowSeconds() > deadline || poll(&readable, 1, 100) < 0) return false;
+      if ((readable.revents & POLLIN) == 0) continue;
+      ssize_t n = recv(fd_, into + got, sizeof(*announcement) - got, 0);
+      if (n <= 0) return false;
+      got += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  // A chunk header and `header.length` payload bytes of `fill`.
+  bool sendChunk(const unifab::net::socket::ChunkHeader& header, unsigned char fill = 0x3C) {
+    if (!writeAll(&header, sizeof(header))) return false;
+    std::vector<unsigned char> payload(static_cast<size_t>(std::min<uint64_t>(header.length, 1 << 20)), fill);
+    return payload.empty() || writeAll(payload.data(), payload.size());
+  }
+
+ private:
+  bool writeAll(const void* data, size_t bytes) {
+    const char* from = static_cast<const char*>(data);
+    while (bytes > 0) {
+      ssize_t n = send(fd_, from, bytes, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      from += n;
+      bytes -= static_cast<size_t>(n);
+    }
+    return true;
+  }
+  int fd_ = -1;
+};
+
+// Receives from a RawSender: `recv_` accepted from it, buffers guarded on both sides.
+class HostileSenderTest : public NetTest {
+ protected:
+  static constexpr size_t kGuard = 4096;
+  static constexpr unsigned char kPoison = 0xA5;
+
+  void SetUp() override {
+    NetTest::SetUp();
+    char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+    void* listenComm = nullptr;
+    ASSERT_EQ(net_->listen(ctx_, 0, handle, &listenComm), ncclSuccess);
+    ASSERT_TRUE(sender_.open(handle)) << strerror(errno);
+    ASSERT_EQ(acceptOne(net_, listenComm, &recv_, 10.0), ncclSuccess);
+    ASSERT_EQ(net_->closeListen(listenComm), ncclSuccess);
+    ASSERT_NE(recv_, nullptr);
+    arena_ = buffer(recv_, 2 * kGuard + 2 * kBufferBytes + kGuard, kPoison);
+  }
+
+  // Posts a receive of `n` buffers of kBufferBytes (tags 0..n-1) and reads its announcement.
+  void* postGrouped(int n, unifab::net::socket::ClearToSend* announcement) {
+    void* data[2] = {slotBuffer(0), slotBuffer(1)};
+    size_t sizes[2] = {kBufferBytes, kBufferBytes};
+    int tags[2] = {0, 1};
+    void* handles[2] = {arena_->mhandle, arena_->mhandle};
+    void* request = nullptr;
+    EXPECT_EQ(net_->irecv(recv_, n, data, sizes, tags, handles, nullptr, &request), ncclSuccess);
+    EXPECT_NE(request, nullptr);
+    EXPECT_TRUE(sender_.readAnnouncement(announcement));
+    return request;
+  }
+
+  unsigned char* slotBuffer(int slot) { return arena_->bytes.data() + kGuard + slot * (kBufferBytes + kGuard); }
+
+  // Nothing outside the posted buffers was written.
+  void expectGuardsIntact() {
+    const unsigned char* base = arena_->bytes.data();
+    EXPECT_EQ(firstNotEqual(base, kGuard, kPoison), SIZE_MAX) << "written before buffer 0";
+    EXPECT_EQ(firstNotEqual(slotBuffer(0) + kBufferBytes, kGuard, kPoison), SIZE_MAX) << "written between the buffers";
+    EXPECT_EQ(firstNotEqual(slotBuffer(1) + kBufferBytes, kGuard, kPoison), SIZE_MAX) << "written after buffer 1";
+  }
+
+  static unifab::net::socket::ChunkHeader chunk(uint64_t sequence, uint32_t slot, uint64_t messageBytes, uint64_t offset,
+                                                uint64_t length, uint64_t chunkBytes) {
+    unifab::net::socket::ChunkHeader header{};
+    header.sequence = sequence;
+    header.slot = slot;
+    header.messageBytes = messageBytes;
+    header.offset = offset;
+    header.length = length;
+    header.chunkBytes = chunkBytes;
+    return header;
+  }
+
+  static constexpr size_t kBufferBytes = 8192;
+  RawSender sender_;
+  Buffer* arena_ = nullptr;
+};
+
+// The honest case through the hand-written sender: the receive completes with the bytes sent.
+TEST_F(HostileSenderTest, AWellCutMessageArrives) {
+  unifab::net::socket::ClearToSend announcement{};
+  void* r = postGrouped(1, &announcement);
+  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 6000, 4096, 1904, 4096), 0x11));
+  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 6000, 0, 4096, 4096), 0x22));
+  int size = -1;
+  EXPECT_EQ(waitRequest(net_, r, &size, 10.0), WaitOutcome::kDone);
+  EXPECT_EQ(size, 6000);
+  EXPECT_EQ(firstNotEqual(slotBuffer(0), 4096, 0x22), SIZE_MAX);
+  EXPECT_EQ(firstNotEqual(slotBuffer(0) + 4096, 1904, 0x11), SIZE_MAX);
+  expectGuardsIntact();
+}
+
+// offset + length wraps around 2^64 to a small number: it must not pass as inside the buffer.
+TEST_F(HostileSenderTest, AnOffsetThatWrapsAroundIsRefused) {
+  unifab::net::socket::ClearToSend announcement{};
+  void* r = postGrouped(1, &announcement);
+  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 4096, ~uint64_t{0} - 4095, 8192, 8192)));
+  EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
+  expectGuardsIntact();
+}
+
+// Two empty chunks for buffer 0 of a two-buffer receive must not complete it with buffer 1 unwritten.
+TEST_F(HostileSenderTest, ARepeatedChunkIsRefused) {
+  unifab::net::socket::ClearToSend announcement{};
+  void* r = postGrouped(2, &announcement);
+  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 0, 0, 0, 0)));
+  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 0, 0, 0, 0)));
+  EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
+  EXPECT_EQ(firstNotEqual(slotBuffer(1), kBufferBytes, kPoison), SIZE_MAX);
+  expectGuardsIntact();
+}
+
+// Overlapping chunks whose lengths add up to the message must not complete it half written.
+TEST_F(HostileSenderTest, OverlappingChunksAreRefused) {
+  unifab::net::socket::ClearToSend announcement{};
+  void* r = postGrouped(1, &announcement);
+  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 8192, 0, 4096, 4096)));
+  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 8192, 2048, 4096, 2048)));
+  EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
+  expectGuardsIntact();
+}
+
+// Chunks of one buffer that name different message sizes.
+TEST_F(HostileSenderTest, ChunksThatDisagreeOnTheMessageSizeAreRefused) {
+  unifab::net::socket::ClearToSend announcement{};
+  void* r = postGrouped(1, &announcement);
+  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 8192, 0, 4096, 4096)));
+  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 6000, 4096, 1904, 4096)));
+  EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
+  expectGuardsIntact();
+}
+
+// A message larger than the buffer without the truncation mark.
+TEST_F(HostileSenderTest, AnUnmarkedOversizedMessageIsRefused) {
+  unifab::net::socket::ClearToSend announcement{};
+  void* r = postGrouped(1, &announcement);
+  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 2 * kBufferBytes, kBufferBytes, 4096, kBufferBytes)));
+  EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
+  expectGuardsIntact();
+}
+
+// Both buffers of a grouped receive too small, the notices read one after the other: one error,
+// reported through the request (not a connection-wide protocol error).
+TEST_F(HostileSenderTest, TwoTruncatedBuffersOfOneReceiveFailItOnce) {
+  unifab::net::socket::ClearToSend announcement{};
+  void* r = postGrouped(2, &announcement);
+  for (uint32_t slot : {0u, 1u}) {
+    unifab::net::socket::ChunkHeader header = chunk(announcement.sequence, slot, 2 * kBufferBytes, 0, 0, 0);
+    header.flags = unifab::net::socket::kChunkTruncated;
+    ASSERT_TRUE(sender_.sendChunk(header));
+  }
+  EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
+  bool namesTheBuffer = false;
+  for (const std::string& warning : capturedWarnings()) {
+    namesTheBuffer |= warning.find("is larger than buffer") != std::string::npos;
+  }
+  EXPECT_TRUE(namesTheBuffer) << "the error should say which buffer was too small";
+  expectGuardsIntact();
+}
+
+// One buffer of a grouped receive too small and the other's message sent in full: the receive
+// fails with the truncation, and the other buffer's chunks are taken, not a protocol error.
+TEST_F(NetTest, OneTruncatedBufferOfAGroupedReceiveFailsItWithoutAProtocolError) {
+  connect();
+  Buffer* small = buffer(recv_, 100);
+  Buffer* large = buffer(recv_, 4096);
+  void* data[2] = {small->bytes.data(), large->bytes.data()};
+  size_t sizes[2] = {100, 4096};
+  int tags[2] = {1, 2};
+  void* handles[2] = {small->mhandle, large->mhandle};
+  void* r = nullptr;
+  ASSERT_EQ(net_->irecv(recv_, 2, data, sizes, tags, handles, nullptr, &r), ncclSuccess);
+  Buffer* tooLarge = buffer(send_, 200);
+  Buffer* fits = buffer(send_, 4096);
+  fillPattern(fits->bytes.data(), 4096, 7);
+  void* s1 = postSend(tooLarge, 200, 1);
+  void* s2 = postSend(fits, 4096, 2);
+  EXPECT_EQ(waitRequest(net_, s1, nullptr, 10.0), WaitOutcome::kError);
+  EXPECT_EQ(waitRequest(net_, s2, nullptr, 10.0), WaitOutcome::kDone);
+  clearCapturedWarnings();
+  EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
+  bool truncation = false, protocolError = false;
+  for (const std::string& warning : capturedWarnings()) {
+    truncation |= warning.find("is larger than buffer 0") != std::string::npos;
+    protocolError |= warning.find("protocol error") != std::string::npos;
+  }
+  EXPECT_TRUE(truncation);
+  EXPECT_FALSE(protocolError);
+  EXPECT_EQ(firstNotEqual(small->bytes.data(), 100, 0xA5), SIZE_MAX) << "a truncated message must not be written";
+}
+
 TEST_F(NetTest, SenderSeesAnErrorWhenTheReceiverCloses) {
   connect();
   Buffer* out = buffer(send_, 1024);
