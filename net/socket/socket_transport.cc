@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -102,6 +103,7 @@ class SocketListenComm final : public ListenComm {
     comm->reset();
     UF_CHECK(acceptPending());
     readHellos();
+    dropStale();
     for (auto it = groups_.begin(); it != groups_.end(); ++it) {
       Group& group = it->second;
       if (group.arrived != static_cast<int>(group.fds.size())) continue;
@@ -121,12 +123,45 @@ class SocketListenComm final : public ListenComm {
     int fd;
     Hello hello;
     size_t received;
+    std::chrono::steady_clock::time_point since;
   };
   struct Group {
     std::vector<int> fds;
     int arrived = 0;
     std::string peer;
+    std::chrono::steady_clock::time_point since;
   };
+
+  // A socket that never says Hello (a port scanner, a health check) or a connection whose other
+  // streams never come (a peer that died while connecting) would hold descriptors for the
+  // listener's lifetime: they get UNIFAB_SOCKET_TIMEOUT_S (0: no limit) to introduce themselves.
+  void dropStale() {
+    if (options_.timeoutS <= 0) return;
+    const auto oldest = std::chrono::steady_clock::now() - std::chrono::seconds(options_.timeoutS);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->since >= oldest) {
+        ++it;
+        continue;
+      }
+      UF_WARN(kNet, "dropping a connection from %s that sent no complete Hello in %d s", peerName(it->fd).c_str(),
+              options_.timeoutS);
+      close(it->fd);
+      it = pending_.erase(it);
+    }
+    for (auto it = groups_.begin(); it != groups_.end();) {
+      Group& group = it->second;
+      if (group.arrived == static_cast<int>(group.fds.size()) || group.since >= oldest) {
+        ++it;
+        continue;
+      }
+      UF_WARN(kNet, "dropping a connection from %s: %d of its %zu streams arrived in %d s", group.peer.c_str(),
+              group.arrived, group.fds.size(), options_.timeoutS);
+      for (int streamFd : group.fds) {
+        if (streamFd >= 0) close(streamFd);
+      }
+      it = groups_.erase(it);
+    }
+  }
 
   Result acceptPending() {
     for (;;) {
@@ -139,7 +174,7 @@ class SocketListenComm final : public ListenComm {
       }
       FdGuard guard(streamFd);
       UF_CHECK(configureStream(streamFd, options_.bufferBytes, options_.timeoutS));
-      pending_.push_back(Pending{guard.release(), Hello{}, 0});
+      pending_.push_back(Pending{guard.release(), Hello{}, 0, std::chrono::steady_clock::now()});
     }
   }
 
@@ -180,6 +215,7 @@ class SocketListenComm final : public ListenComm {
     if (group.fds.empty()) {
       group.fds.assign(hello.streamCount, -1);
       group.peer = peerName(pending.fd);
+      group.since = pending.since;
     }
     if (group.fds.size() != hello.streamCount || group.fds[hello.streamIndex] != -1) {
       UF_WARN(kNet, "dropping a duplicate or inconsistent stream %u/%u from %s", hello.streamIndex, hello.streamCount,

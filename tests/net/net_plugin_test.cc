@@ -605,22 +605,44 @@ class RawSender {
     if (fd_ >= 0) close(fd_);
   }
 
-  // Connects to the listener that wrote `handle` and introduces itself as a one-stream sender.
-  bool open(const char* handle) {
+  // Connects to the listener that wrote `handle` and introduces itself as stream 0 of a sender of
+  // `streamCount` streams; with `hello` false it says nothing at all.
+  bool open(const char* handle, int streamCount = 1, bool hello = true) {
     unifab::net::socket::ListenHandle listen;
     memcpy(&listen, handle, sizeof(listen));
     fd_ = socket(listen.address.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd_ < 0 || ::connect(fd_, &listen.address.sa, listen.addressLength) != 0) return false;
+    if (!hello) return true;
+    return introduce(listen, streamCount);
+  }
+
+  // Whether the other side closed this socket within `seconds` (reading and discarding data).
+  bool closedWithin(double seconds) {
+    const double deadline = nowSeconds() + seconds;
+    char discard[256];
+    while (nowSeconds() < deadline) {
+      pollfd readable{fd_, POLLIN, 0};
+      if (poll(&readable, 1, 50) < 0) return false;
+      if ((readable.revents & (POLLIN | POLLHUP)) == 0) continue;
+      ssize_t n = recv(fd_, discard, sizeof(discard), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;
+    }
+    return false;
+  }
+
+ private:
+  bool introduce(const unifab::net::socket::ListenHandle& listen, int streamCount) {
     unifab::net::socket::Hello hello{};
     hello.magic = unifab::net::socket::kWireMagic;
     hello.version = unifab::net::socket::kWireVersion;
     hello.streamIndex = 0;
-    hello.streamCount = 1;
+    hello.streamCount = static_cast<uint16_t>(streamCount);
     hello.connectionId = 0x5eed5eed;
     hello.listenId = listen.listenId;
     return writeAll(&hello, sizeof(hello));
   }
 
+ public:
   // The receiver's next announcement (a posted receive), within `seconds`.
   bool readAnnouncement(unifab::net::socket::ClearToSend* announcement, double seconds = 10.0) {
     char* into = reinterpret_cast<char*>(announcement);
@@ -861,6 +883,54 @@ void openTwoContexts(const ncclNet_v11_t* net, void** ctxA, void** ctxB, void** 
   ASSERT_EQ(net->init(ctxA, 1, nullptr, captureLogger, nullptr), ncclSuccess);
   ASSERT_EQ(net->init(ctxB, 2, nullptr, captureLogger, nullptr), ncclSuccess);
   ASSERT_EQ(connectPair(net, *ctxA, *ctxB, 0, send, recv), ncclSuccess);
+}
+
+// A socket that never says Hello, and a connection whose second stream never comes, are closed
+// by the listener after UNIFAB_SOCKET_TIMEOUT_S instead of holding descriptors until it closes.
+TEST(NetListener, SilentAndIncompleteConnectionsAreDroppedAfterTheTimeout) {
+  const char* timeout = getenv("UNIFAB_SOCKET_TIMEOUT_S");
+  if (timeout == nullptr || strcmp(timeout, "1") != 0) {
+    GTEST_SKIP() << "needs UNIFAB_SOCKET_TIMEOUT_S=1 (ctest net.plugin_listener_timeout)";
+  }
+  NetPlugin plugin;
+  std::string error;
+  ASSERT_TRUE(plugin.load(UNIFAB_TEST_PLUGIN_PATH, &error)) << error;
+  const ncclNet_v11_t* net = plugin.table();
+  clearCapturedWarnings();
+  void* ctx = nullptr;
+  ASSERT_EQ(net->init(&ctx, 0x77, nullptr, captureLogger, nullptr), ncclSuccess);
+  char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* listenComm = nullptr;
+  ASSERT_EQ(net->listen(ctx, 0, handle, &listenComm), ncclSuccess);
+  RawSender silent, incomplete;
+  ASSERT_TRUE(silent.open(handle, 1, /*hello=*/false));
+  ASSERT_TRUE(incomplete.open(handle, /*streamCount=*/2));
+  const double start = nowSeconds();
+  // NCCL keeps calling accept while it waits for its peers: that is when the listener tidies up.
+  std::atomic<bool> accepting{true};
+  std::thread acceptor([&] {
+    while (accepting.load()) {
+      void* recvComm = nullptr;
+      EXPECT_EQ(net->accept(listenComm, &recvComm, nullptr), ncclSuccess);
+      EXPECT_EQ(recvComm, nullptr) << "neither connection is complete";
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  EXPECT_TRUE(silent.closedWithin(10.0));
+  EXPECT_TRUE(incomplete.closedWithin(10.0));
+  const double elapsed = nowSeconds() - start;
+  accepting.store(false);
+  acceptor.join();
+  EXPECT_GE(elapsed, 0.9) << "dropped before the timeout";
+  bool noHello = false, missingStream = false;
+  for (const std::string& warning : capturedWarnings()) {
+    noHello |= warning.find("sent no complete Hello") != std::string::npos;
+    missingStream |= warning.find("1 of its 2 streams arrived") != std::string::npos;
+  }
+  EXPECT_TRUE(noHello);
+  EXPECT_TRUE(missingStream);
+  EXPECT_EQ(net->closeListen(listenComm), ncclSuccess);
+  EXPECT_EQ(net->finalize(ctx), ncclSuccess);
 }
 
 TEST(NetLifecycle, RepeatedInitFinalizeAndReload) {
