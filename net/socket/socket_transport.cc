@@ -252,6 +252,8 @@ class Connector {
     }
   }
 
+  uint64_t listenId() const { return handle_.listenId; }
+
   Result begin() {
     const std::string peer = target();
     for (int i = 0; i < options_.nStreams; ++i) {
@@ -444,7 +446,8 @@ Result SocketTransport::connect(int dev, void* handle, std::unique_ptr<SendComm>
   if (listenHandle.connectStage != nullptr) {
     std::lock_guard<std::mutex> lock(connectingMutex_);
     auto staged = connecting_.find(listenHandle.connectStage);
-    if (staged == connecting_.end()) {
+    // A stale handle can name the address a newer connector now has: it must be for the same listener.
+    if (staged == connecting_.end() || staged->second->listenId() != listenHandle.listenId) {
       return UF_ERROR(unifabInvalidUsage, kNet,
                       "connect: the handle names a connection in progress this context does not have (a copy of "
                       "a handle, or one passed to another context); pass NCCL's handle back unchanged");
