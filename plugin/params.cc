@@ -20,6 +20,7 @@ struct ParamEntry {
   // Stores the parsed value of this parameter into `params`.
   void (*apply)(Params& params, int64_t integer, double real, const std::string& text);
   bool zeroMeansOff = false;  // 0 is accepted below `min` (documented as "0 or min..max")
+  double realMin = 0;         // kFloat: the least value besides 0 with zeroMeansOff (`min` is an integer)
 };
 
 constexpr int64_t kKiB = 1024;
@@ -87,12 +88,15 @@ const std::vector<ParamEntry>& entries() {
       {{"UNIFAB_TUNER_CONFIG", ParamType::kString, "", "path",
         "Rule file whose matching lines override the cost model (format in README)"},
        0, 0, nullptr, [](Params& p, int64_t, double, const std::string& s) { p.tunerConfig = s; }},
-      {{"UNIFAB_TUNER_NVLINK_GBPS", ParamType::kFloat, "0", "0..100000",
+      // A bandwidth near zero would make every estimate overflow and tie: 0.01 GB/s is the floor.
+      {{"UNIFAB_TUNER_NVLINK_GBPS", ParamType::kFloat, "0", "0 or 0.01..100000",
         "Per-GPU NVLink bandwidth per direction in GB/s for the cost model; 0 detects it (NVML)"},
-       0, 100000, nullptr, [](Params& p, int64_t, double v, const std::string&) { p.tunerNvlinkGbps = v; }},
-      {{"UNIFAB_TUNER_NET_GBPS", ParamType::kFloat, "0", "0..100000",
+       0, 100000, nullptr, [](Params& p, int64_t, double v, const std::string&) { p.tunerNvlinkGbps = v; }, true,
+       0.01},
+      {{"UNIFAB_TUNER_NET_GBPS", ParamType::kFloat, "0", "0 or 0.01..100000",
         "Per-rank network bandwidth in GB/s for the cost model; 0 uses the net plugin's speed"},
-       0, 100000, nullptr, [](Params& p, int64_t, double v, const std::string&) { p.tunerNetGbps = v; }},
+       0, 100000, nullptr, [](Params& p, int64_t, double v, const std::string&) { p.tunerNetGbps = v; }, true,
+       0.01},
       {{"UNIFAB_EP_TIMEOUT_MS", ParamType::kInt, "30000", "1..86400000",
         "How long a GPU waits for a peer's signal in an expert-parallel call before it reports a timeout"},
        1, 86400000, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.epTimeoutMs = v; }},
@@ -156,7 +160,9 @@ bool parseValue(const ParamEntry& entry, const char* text, int64_t* integer, dou
       return true;
     }
     case ParamType::kFloat:
-      return parseDouble(text, static_cast<double>(entry.min), static_cast<double>(entry.max), real);
+      if (entry.zeroMeansOff && parseDouble(text, 0, 0, real)) return true;
+      return parseDouble(text, entry.zeroMeansOff ? entry.realMin : static_cast<double>(entry.min),
+                         static_cast<double>(entry.max), real);
     case ParamType::kString:
       *str = text;
       return true;
@@ -177,7 +183,11 @@ bool parseInt64(const char* text, int64_t min, int64_t max, int64_t* out) {
   if (text == nullptr || *text == '\0') return false;
   errno = 0;
   char* end = nullptr;
-  long long value = strtoll(text, &end, 0);
+  // Decimal, or hexadecimal with 0x; never octal: "0120" is 120, not 80.
+  const char* digits = text;
+  while (*digits == ' ' || *digits == '\t') ++digits;
+  const bool hex = digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X');
+  long long value = strtoll(text, &end, hex ? 16 : 10);
   if (errno != 0 || end == text) return false;
   while (*end == ' ' || *end == '\t') ++end;
   if (*end != '\0' || value < min || value > max) return false;

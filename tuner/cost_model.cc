@@ -90,8 +90,7 @@ int CostModel::networkChannels(int collective, int algorithm, size_t bytes) cons
   const double wireBytes = static_cast<double>(bytes) * p.busFactor;
   const double wanted = std::ceil(wireBytes / std::max(1.0, constants_.netBytesPerChannel));
   const double fewest = wireBytes < constants_.netOneChannelBytes ? 1.0 : std::max(1, constants_.minNetChannels);
-  constexpr double kMostChannels = 64;  // NCCL's MAXCHANNELS; it caps at what it built anyway
-  return static_cast<int>(std::clamp(wanted, fewest, kMostChannels));
+  return static_cast<int>(std::clamp(wanted, fewest, static_cast<double>(kNcclMaxChannels)));
 }
 
 double CostModel::estimateUs(int collective, int algorithm, int protocol, size_t bytes, int numPipeOps) const {

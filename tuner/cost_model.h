@@ -21,6 +21,10 @@ enum Algorithm : int { kTree = 0, kRing = 1, kCollnetDirect = 2, kCollnetChain =
 enum Protocol : int { kLL = 0, kLL128 = 1, kSimple = 2, kNumProtocols = 3 };
 enum Link : int { kLinkNvlink = 0, kLinkPci = 1, kLinkNet = 2, kNumLinks = 3 };
 
+// NCCL's MAXCHANNELS: no collective runs on more, and NCCL keeps a collective's channel count in
+// a signed 8-bit field, so a larger count from a tuner would wrap (256 to 0: a division by zero).
+constexpr int kNcclMaxChannels = 64;
+
 const char* collectiveName(int collective);
 const char* algorithmName(int algorithm);
 const char* protocolName(int protocol);

@@ -1,7 +1,10 @@
 #include "tuner/rules.h"
 
 #include <strings.h>
+#include <sys/stat.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <fstream>
 
 #include "plugin/log.h"
@@ -56,9 +59,22 @@ bool parseRuleLine(const std::string& rawLine, Rule* rule, bool* isRule, std::st
     *error = "unknown collective '" + fields[0] + "' (broadcast, reduce, allgather, reducescatter, allreduce)";
     return false;
   }
-  if (!parseSize(fields[1].c_str(), 0, INT64_MAX, &parsed.minBytes) ||
-      !parseSize(fields[2].c_str(), 0, INT64_MAX, &parsed.maxBytes) || parsed.minBytes > parsed.maxBytes) {
-    *error = "min_bytes/max_bytes '" + fields[1] + "'/'" + fields[2] + "' are not sizes with min <= max";
+  // NCCL's example rule files bound the last range with 2^64 - 1: any decimal past INT64_MAX is "no limit".
+  auto beyondInt64 = [](const std::string& text) {
+    if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return false;
+    errno = 0;
+    const unsigned long long value = strtoull(text.c_str(), nullptr, 10);
+    return errno == ERANGE || value > static_cast<unsigned long long>(INT64_MAX);
+  };
+  const bool minValid = parseSize(fields[1].c_str(), 0, INT64_MAX, &parsed.minBytes);
+  bool maxValid = parseSize(fields[2].c_str(), 0, INT64_MAX, &parsed.maxBytes);
+  if (!maxValid && beyondInt64(fields[2])) {
+    parsed.maxBytes = INT64_MAX;
+    maxValid = true;
+  }
+  if (!minValid || !maxValid || parsed.minBytes > parsed.maxBytes) {
+    *error = "min_bytes/max_bytes '" + fields[1] + "'/'" + fields[2] +
+             "' must be sizes (K/M/G suffixes) from 0 to 2^63 - 1 with min <= max";
     return false;
   }
   parsed.algorithm = lookupName(fields[3], kNumAlgorithms, algorithmName);
@@ -77,7 +93,7 @@ bool parseRuleLine(const std::string& rawLine, Rule* rule, bool* isRule, std::st
     int lowest;  // smallest value besides -1
     int highest;
   };
-  const IntField intFields[] = {{"channels", &parsed.channels, 1, 1 << 16},
+  const IntField intFields[] = {{"channels", &parsed.channels, 1, kNcclMaxChannels},
                                 {"nNodes", &parsed.nNodes, 1, 1 << 24},
                                 {"nRanks", &parsed.nRanks, 1, 1 << 24},
                                 {"numPipeOps", &parsed.numPipeOps, 1, 1 << 24},
@@ -100,15 +116,27 @@ bool parseRuleLine(const std::string& rawLine, Rule* rule, bool* isRule, std::st
 
 std::vector<Rule> loadRules(const std::string& path) {
   std::vector<Rule> rules;
+  // A directory opens as a stream that reads nothing, and a FIFO would block NCCL's init.
+  struct stat info {};
+  if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) {
+    UF_WARN(kTuner, "UNIFAB_TUNER_CONFIG=%s is not a readable regular file; using the cost model only", path.c_str());
+    return rules;
+  }
   std::ifstream file(path);
   if (!file) {
     UF_WARN(kTuner, "UNIFAB_TUNER_CONFIG=%s cannot be read; using the cost model only", path.c_str());
     return rules;
   }
+  constexpr size_t kMaxLineBytes = 1024;  // a rule is ~60 characters; this is not a rule file
   std::string line;
   int number = 0;
   while (std::getline(file, line)) {
     ++number;
+    if (line.size() > kMaxLineBytes) {
+      UF_WARN(kTuner, "%s:%d: a line of %zu bytes, more than %zu; the rest of the file is ignored", path.c_str(),
+              number, line.size(), kMaxLineBytes);
+      break;
+    }
     Rule rule;
     bool isRule = false;
     std::string error;
@@ -120,7 +148,12 @@ std::vector<Rule> loadRules(const std::string& path) {
     rule.line = number;
     rules.push_back(rule);
   }
-  UF_INFO(kTuner, kLogInit, "loaded %zu rule(s) from %s", rules.size(), path.c_str());
+  if (file.bad()) UF_WARN(kTuner, "UNIFAB_TUNER_CONFIG=%s: reading failed after line %d", path.c_str(), number);
+  if (rules.empty()) {
+    UF_WARN(kTuner, "UNIFAB_TUNER_CONFIG=%s holds no valid rule; using the cost model only", path.c_str());
+  } else {
+    UF_INFO(kTuner, kLogInit, "loaded %zu rule(s) from %s", rules.size(), path.c_str());
+  }
   return rules;
 }
 

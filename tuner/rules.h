@@ -3,7 +3,8 @@
 //   collective,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks[,numPipeOps[,regBuff]]
 // collective: broadcast|reduce|allgather|reducescatter|allreduce; algorithm: tree|ring|
 // collnet_direct|collnet_chain|nvls|nvls_tree|pat; protocol: ll|ll128|simple; sizes accept K/M/G
-// suffixes; -1 means "any" for nNodes/nRanks/numPipeOps/regBuff and "keep NCCL's" for channels.
+// suffixes; -1 means "any" for nNodes/nRanks/numPipeOps/regBuff and "keep NCCL's" for channels
+// (else 1..64); a max_bytes past INT64_MAX (NCCL's examples write 2^64 - 1) means no limit.
 // '#' starts a comment. The first rule that matches a call decides it. A malformed line is
 // reported (file and line) and skipped; it never stops NCCL.
 #pragma once

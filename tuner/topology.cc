@@ -45,7 +45,7 @@ class NvmlLibrary {
     info->activeLinks = 0;
     for (unsigned link = 0; link < kMaxNvlinks; ++link) {
       int state = 0;
-      if (getLinkState_(device, link, &state) != kNvmlSuccess) break;
+      if (getLinkState_(device, link, &state) != kNvmlSuccess) continue;  // not every link index exists
       if (state == kNvmlFeatureEnabled) ++info->activeLinks;
     }
     info->perLinkGBps = nvlinkPerLinkGBps(info->computeCapability);

@@ -1,5 +1,7 @@
 #include "tuner/tuner.h"
 
+#include <algorithm>
+#include <cfloat>
 #include <cinttypes>
 #include <string>
 
@@ -61,7 +63,7 @@ bool Tuner::applyRule(int collective, size_t bytes, int numPipeOps, int regBuff,
       continue;
     }
     table[rule.algorithm * numProtocols + rule.protocol] = 0.0f;
-    if (rule.channels > 0 && channels != nullptr) *channels = rule.channels;
+    if (rule.channels > 0 && channels != nullptr) *channels = std::min(rule.channels, kNcclMaxChannels);
     UF_TRACE(kTuner, kLogTuning, "comm 0x%" PRIx64 ": %s %zu bytes -> %s/%s by rule at line %d", commId_,
              collectiveName(collective), bytes, algorithmName(rule.algorithm), protocolName(rule.protocol), rule.line);
     return true;
@@ -83,7 +85,8 @@ bool Tuner::applyModel(int collective, size_t bytes, int numPipeOps, float* tabl
       // would not be comparable, so NCCL's table stays as it is.
       double us = model_.estimateUs(collective, a, p, bytes, numPipeOps);
       if (!(us >= 0)) return false;
-      estimates[a * kNumProtocols + p] = static_cast<float>(us);
+      // Bandwidths set absurdly low would overflow a float: the largest one still orders.
+      estimates[a * kNumProtocols + p] = static_cast<float>(std::min(us, static_cast<double>(FLT_MAX)));
       anyUsable = true;
     }
   }

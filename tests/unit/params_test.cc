@@ -67,6 +67,27 @@ TEST(Params, ValidValuesOfEveryType) {
   EXPECT_TRUE(log.warnings().empty());
 }
 
+// Integers are decimal (or 0x hexadecimal), never octal: a leading zero changes nothing.
+TEST(Params, LeadingZerosAreDecimal) {
+  unifab::test::LogCapture log;
+  Params p = parseFrom({{"UNIFAB_SOCKET_TIMEOUT_S", "0120"}, {"UNIFAB_SOCKET_NSTREAMS", "08"}});
+  EXPECT_EQ(p.socketTimeoutS, 120);
+  EXPECT_EQ(p.socketNStreams, 8);
+  EXPECT_TRUE(log.warnings().empty());
+}
+
+// A bandwidth near zero would overflow every estimate: 0 (detect) or at least 0.01 GB/s.
+TEST(Params, BandwidthsAreZeroOrAtLeastAHundredthOfAGigabyte) {
+  unifab::test::LogCapture log;
+  Params tiny = parseFrom({{"UNIFAB_TUNER_NVLINK_GBPS", "1e-300"}, {"UNIFAB_TUNER_NET_GBPS", "0.001"}});
+  EXPECT_EQ(tiny.tunerNvlinkGbps, 0.0);
+  EXPECT_EQ(tiny.tunerNetGbps, 0.0);
+  EXPECT_TRUE(log.warned("0 or 0.01..100000"));
+  Params set = parseFrom({{"UNIFAB_TUNER_NVLINK_GBPS", "0"}, {"UNIFAB_TUNER_NET_GBPS", "0.01"}});
+  EXPECT_EQ(set.tunerNvlinkGbps, 0.0);
+  EXPECT_DOUBLE_EQ(set.tunerNetGbps, 0.01);
+}
+
 TEST(Params, BadValuesWarnWithNameAndBoundsAndKeepTheDefault) {
   unifab::test::LogCapture log;
   Params p = parseFrom({{"UNIFAB_SOCKET_NSTREAMS", "17"},

@@ -510,7 +510,48 @@ TEST(Rules, FileWithBadLinesWarnsAndKeepsTheGoodOnes) {
   EXPECT_EQ(rules[1].line, 5);
   EXPECT_TRUE(log.warned(path + ":3:"));
   EXPECT_TRUE(loadRules(path + ".missing").empty());
-  EXPECT_TRUE(log.warned("cannot be read"));
+  EXPECT_TRUE(log.warned("is not a readable regular file"));
+}
+
+// A directory or a file with no valid rule says so instead of leaving the model alone quietly;
+// a line far longer than any rule stops the reading.
+TEST(Rules, UnusableFilesWarn) {
+  unifab::test::LogCapture log;
+  EXPECT_TRUE(loadRules(::testing::TempDir()).empty());
+  EXPECT_TRUE(log.warned("is not a readable regular file"));
+  std::string path = ::testing::TempDir() + "/unifab_rules_none.conf";
+  FILE* file = fopen(path.c_str(), "w");
+  ASSERT_NE(file, nullptr);
+  fputs("# only comments\nallreduce,0,1G,ring\n", file);
+  fclose(file);
+  EXPECT_TRUE(loadRules(path).empty());
+  EXPECT_TRUE(log.warned("holds no valid rule"));
+  file = fopen(path.c_str(), "w");
+  ASSERT_NE(file, nullptr);
+  fputs("allreduce,0,1G,ring,ll,-1,-1,-1\n", file);
+  fputs((std::string(5000, 'x') + "\nbroadcast,0,1G,ring,ll,-1,-1,-1\n").c_str(), file);
+  fclose(file);
+  EXPECT_EQ(loadRules(path).size(), 1u);
+  EXPECT_TRUE(log.warned("the rest of the file is ignored"));
+}
+
+// Channels beyond NCCL's 64 would wrap in NCCL's 8-bit field (256 becomes 0: a division by
+// zero); NCCL's example files end their last range at 2^64 - 1, which means no limit.
+TEST(Rules, ChannelsStayWithinNcclsAndHugeMaxBytesMeansNoLimit) {
+  Rule rule;
+  bool isRule = false;
+  std::string error;
+  EXPECT_FALSE(parseRuleLine("allreduce,0,1G,ring,simple,256,-1,-1", &rule, &isRule, &error));
+  EXPECT_NE(error.find("1..64"), std::string::npos) << error;
+  EXPECT_FALSE(parseRuleLine("allreduce,0,1G,ring,simple,65,-1,-1", &rule, &isRule, &error));
+  ASSERT_TRUE(parseRuleLine("allreduce,0,1G,ring,simple,64,-1,-1", &rule, &isRule, &error)) << error;
+  EXPECT_EQ(rule.channels, 64);
+  ASSERT_TRUE(parseRuleLine("allreduce,1M,18446744073709551615,ring,simple,-1,-1,-1", &rule, &isRule, &error)) << error;
+  EXPECT_EQ(rule.maxBytes, INT64_MAX);
+  EXPECT_FALSE(parseRuleLine("allreduce,1M,99999999999999999999G,ring,simple,-1,-1,-1", &rule, &isRule, &error));
+  // A leading zero is decimal: 016 ranks are sixteen, not fourteen.
+  ASSERT_TRUE(parseRuleLine("allreduce,0,1G,ring,simple,-1,-1,016", &rule, &isRule, &error)) << error;
+  EXPECT_EQ(rule.nRanks, 16);
 }
 
 TEST(Rules, MatchingHonoursEveryCondition) {
