@@ -29,22 +29,8 @@ std::map<ncclComm_t, std::shared_ptr<RegistryEntry>> g_registry;
 
 // A blocking all-rank barrier on the communicator, used only while setting memory up.
 Result hostBarrier(const DeviceComm& comm) {
-  cudaStream_t stream = nullptr;
-  int* scratch = nullptr;
-  UF_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  // The stream and scratch word are released on every path; the first failure is the result.
-  auto body = [&]() -> Result {
-    UF_CUDA_CHECK(cudaMallocAsync(&scratch, sizeof(int), stream));
-    UF_CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(int), stream));
-    UF_NCCL_CHECK(comm.nccl().allReduce(scratch, scratch, 1, ncclInt32, ncclSum, comm.comm(), stream), comm.comm());
-    UF_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return unifabSuccess;
-  };
-  Result result = body();
-  if (scratch != nullptr) UF_CUDA_WARN(cudaFreeAsync(scratch, stream));
-  UF_CUDA_WARN(cudaStreamSynchronize(stream));
-  UF_CUDA_WARN(cudaStreamDestroy(stream));
-  return result;
+  int64_t word = 0;
+  return allRanksMax(comm.nccl(), comm.comm(), &word, 1);
 }
 
 // Every LSA peer's window base as this GPU addresses it, and the probe word read through it. A
@@ -138,6 +124,53 @@ Result DeviceComm::acquire(ncclComm_t comm, std::shared_ptr<DeviceComm>* out) {
 }
 
 Result DeviceComm::barrier() const { return hostBarrier(*this); }
+
+Result allRanksMax(const NcclRuntime& nccl, ncclComm_t comm, int64_t* values, size_t count) {
+  cudaStream_t stream = nullptr;
+  int64_t* scratch = nullptr;
+  UF_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // The stream and scratch words are released on every path; the first failure is the result.
+  auto body = [&]() -> Result {
+    UF_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scratch), count * sizeof(int64_t), stream));
+    UF_CUDA_CHECK(cudaMemcpyAsync(scratch, values, count * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
+    UF_NCCL_CHECK(nccl.allReduce(scratch, scratch, count, ncclInt64, ncclMax, comm, stream), comm);
+    UF_CUDA_CHECK(cudaMemcpyAsync(values, scratch, count * sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+    UF_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return unifabSuccess;
+  };
+  Result result = body();
+  if (scratch != nullptr) UF_CUDA_WARN(cudaFreeAsync(scratch, stream));
+  UF_CUDA_WARN(cudaStreamSynchronize(stream));
+  UF_CUDA_WARN(cudaStreamDestroy(stream));
+  return result;
+}
+
+Result agreeAcrossRanks(const NcclRuntime& nccl, ncclComm_t comm, const char* operation, bool locallyValid,
+                        const int64_t* values, const char* const* names, size_t count) {
+  // One all-reduce of the maxima, the negated values (their maxima are the minima) and a refusal flag.
+  std::vector<int64_t> words(2 * count + 1);
+  for (size_t i = 0; i < count; ++i) {
+    words[i] = values[i];
+    words[count + i] = -values[i];
+  }
+  words[2 * count] = locallyValid ? 0 : 1;
+  UF_CHECK(allRanksMax(nccl, comm, words.data(), words.size()));
+  if (words[2 * count] != 0) {
+    if (!locallyValid) return unifabInvalidArgument;  // the caller returns its own, logged error
+    return UF_ERROR(unifabInvalidUsage, kExt, "%s: another rank refused its arguments (its log says why); this rank "
+                    "refuses too", operation);
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t highest = words[i], lowest = -words[count + i];
+    if (lowest != highest) {
+      return UF_ERROR(unifabInvalidUsage, kExt,
+                      "%s: the ranks disagree on %s (this rank %lld; across ranks %lld..%lld); every rank must pass "
+                      "the same", operation, names[i], static_cast<long long>(values[i]),
+                      static_cast<long long>(lowest), static_cast<long long>(highest));
+    }
+  }
+  return unifabSuccess;
+}
 
 DeviceComm::~DeviceComm() {
   if (comm_ == nullptr) return;

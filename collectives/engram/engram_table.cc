@@ -31,27 +31,44 @@ constexpr size_t kMaxBatch = 4096;  // copies per cudaMemcpyBatchAsync call
 namespace engram = unifab::collectives::engram;
 
 Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& config, unifabEngramTable** out) {
+  // Only what makes a collective step impossible returns before the first one.
   if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
-  if (config.size < sizeof(unifabEngramConfig_t)) {
-    return UF_ERROR(unifabInvalidArgument, kExt,
-                    "config->size=%zu, expected %zu: initialise it with UNIFAB_ENGRAM_CONFIG_INIT", config.size,
-                    sizeof(unifabEngramConfig_t));
-  }
-  if (config.rowBytes < 16 || config.rowBytes % 16 != 0 || config.rowBytes > engram::kMaxRowBytes) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "config->rowBytes=%zu must be a multiple of 16 in 16..%zu",
-                    config.rowBytes, engram::kMaxRowBytes);
-  }
-  if (config.rowsPerRank < 1 || config.rowsPerRank > (int64_t{1} << 40) / static_cast<int64_t>(config.rowBytes)) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "config->rowsPerRank=%lld must be in 1..%lld for %zu-byte rows",
-                    static_cast<long long>(config.rowsPerRank),
-                    static_cast<long long>((int64_t{1} << 40) / static_cast<int64_t>(config.rowBytes)), config.rowBytes);
-  }
-  if (config.rowScales != 0 && config.rowScales != 1) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "config->rowScales=%d is neither 0 nor 1", config.rowScales);
-  }
-  // The current device must be the communicator's before any collective step (a rank that failed
-  // between them would leave its peers waiting in NCCL).
+  const unifab::collectives::NcclRuntime* nccl = nullptr;
+  UF_CHECK(unifab::collectives::ncclRuntime(&nccl));
   UF_CHECK(unifab::collectives::requireCommDevice(comm));
+  const bool sized = config.size >= sizeof(unifabEngramConfig_t);
+  auto checkConfig = [&]() -> Result {
+    if (!sized) {
+      return UF_ERROR(unifabInvalidArgument, kExt,
+                      "config->size=%zu, expected %zu: initialise it with UNIFAB_ENGRAM_CONFIG_INIT", config.size,
+                      sizeof(unifabEngramConfig_t));
+    }
+    if (config.rowBytes < 16 || config.rowBytes % 16 != 0 || config.rowBytes > engram::kMaxRowBytes) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "config->rowBytes=%zu must be a multiple of 16 in 16..%zu",
+                      config.rowBytes, engram::kMaxRowBytes);
+    }
+    if (config.rowsPerRank < 1 || config.rowsPerRank > (int64_t{1} << 40) / static_cast<int64_t>(config.rowBytes)) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "config->rowsPerRank=%lld must be in 1..%lld for %zu-byte rows",
+                      static_cast<long long>(config.rowsPerRank),
+                      static_cast<long long>((int64_t{1} << 40) / static_cast<int64_t>(config.rowBytes)),
+                      config.rowBytes);
+    }
+    if (config.rowScales != 0 && config.rowScales != 1) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "config->rowScales=%d is neither 0 nor 1", config.rowScales);
+    }
+    return unifabSuccess;
+  };
+  // Every rank learns whether every rank's table is valid and shaped alike before any goes on:
+  // equal window sizes from different shapes (64-byte rows x 1000 and 128 x 500) would otherwise
+  // pass every check and fetch the wrong bytes.
+  const Result checked = checkConfig();
+  const int64_t shared[] = {sized ? static_cast<int64_t>(config.rowBytes) : -1, sized ? config.rowsPerRank : -1,
+                            sized ? config.rowScales : -1};
+  static const char* const kSharedNames[] = {"rowBytes", "rowsPerRank", "rowScales"};
+  const Result agreed = unifab::collectives::agreeAcrossRanks(*nccl, comm, "unifabEngramCreate",
+                                                              checked == unifabSuccess, shared, kSharedNames, 3);
+  if (checked != unifabSuccess) return checked;
+  UF_CHECK(agreed);
   std::unique_ptr<unifabEngramTable> table(new unifabEngramTable());
   table->config_ = config;
   UF_CHECK(unifab::collectives::DeviceComm::acquire(comm, &table->comm_));
@@ -63,15 +80,22 @@ Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& co
   const size_t rowsBytes = static_cast<size_t>(config.rowsPerRank) * config.rowBytes;
   table->scalesOffset_ = rowsBytes;
   const size_t windowBytes = rowsBytes + (config.rowScales ? sizeof(float) * static_cast<size_t>(config.rowsPerRank) : 0);
-  // This rank's own resources first: a failure after the collective window creation would leave
-  // the peers alone in its collective teardown.
+  // This rank's own resources first, and every rank learns whether every rank got them: a failure
+  // after the collective window creation would leave the peers alone in its collective teardown.
   unifab::collectives::DeviceGuard guard(dc.cudaDevice());
-  UF_CUDA_CHECK(cudaStreamCreateWithFlags(&table->stream_, cudaStreamNonBlocking));
-  UF_CUDA_CHECK(cudaMalloc(&table->deviceMemory_, sizeof(int)));
-  UF_CUDA_CHECK(cudaMemset(table->deviceMemory_, 0, sizeof(int)));
-  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&table->hostError_), sizeof(int), cudaHostAllocMapped));
-  *table->hostError_ = 0;
-  UF_CUDA_CHECK(cudaDeviceGetAttribute(&table->deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
+  auto allocateLocal = [&]() -> Result {
+    UF_CUDA_CHECK(cudaStreamCreateWithFlags(&table->stream_, cudaStreamNonBlocking));
+    UF_CUDA_CHECK(cudaMalloc(&table->deviceMemory_, sizeof(int)));
+    UF_CUDA_CHECK(cudaMemset(table->deviceMemory_, 0, sizeof(int)));
+    UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&table->hostError_), sizeof(int), cudaHostAllocMapped));
+    *table->hostError_ = 0;
+    UF_CUDA_CHECK(cudaDeviceGetAttribute(&table->deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
+    return unifabSuccess;
+  };
+  const Result allocated = allocateLocal();
+  UF_CHECK(unifab::collectives::agreeAcrossRanks(*nccl, comm, "unifabEngramCreate (memory)",
+                                                 allocated == unifabSuccess, nullptr, nullptr, 0));
+  if (allocated != unifabSuccess) return allocated;
   UF_CHECK(unifab::collectives::SymmetricWindow::create(table->comm_, windowBytes, &table->window_));
   ken::TableView& v = table->view_;
   v.firstRank = dc.rank() - dc.lsaRank();

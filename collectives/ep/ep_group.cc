@@ -182,22 +182,29 @@ Result unifabEpGroup::planLayout(const unifabEpConfig_t& config, int nRanks, kep
 }
 
 Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, unifabEpGroup** out) {
-  // Everything a rank can check alone comes before the first collective step: a rank that
-  // returned an error there would leave its peers waiting in NCCL.
+  // Only what makes a collective step impossible returns before the first one.
   if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
   const unifab::collectives::NcclRuntime* nccl = nullptr;
   UF_CHECK(unifab::collectives::ncclRuntime(&nccl));
   int nRanks = 0;
   UF_NCCL_CHECK(nccl->commCount(comm, &nRanks), comm);
   UF_CHECK(unifab::collectives::requireCommDevice(comm));
-  const bool lowLatency = config.mode == unifabEpLowLatency;
+  // Every rank learns whether every rank's configuration was valid, and the same, before any
+  // rank goes further: a rank that returned alone would leave its peers waiting in NCCL, and
+  // windows sized differently would let peers write past each other's.
+  const bool sized = config.size >= sizeof(unifabEpConfig_t);
+  const bool lowLatency = sized && config.mode == unifabEpLowLatency;
   kep::WindowLayout layout{};
   kep::LlLayout llLayout{};
-  if (lowLatency) {
-    UF_CHECK(planLowLatencyLayout(config, nRanks, &llLayout));
-  } else {
-    UF_CHECK(planLayout(config, nRanks, &layout));
-  }
+  const Result planned =
+      lowLatency ? planLowLatencyLayout(config, nRanks, &llLayout) : planLayout(config, nRanks, &layout);
+  const int64_t shared[] = {sized ? rawEnum(config.mode) : -1, sized ? config.numExperts : -1,
+                            sized ? config.maxTokensPerRank : -1, sized ? config.hidden : -1, sized ? config.topk : -1};
+  static const char* const kSharedNames[] = {"mode", "numExperts", "maxTokensPerRank", "hidden", "topk"};
+  const Result agreed = unifab::collectives::agreeAcrossRanks(*nccl, comm, "unifabEpCreate", planned == unifabSuccess,
+                                                              shared, kSharedNames, 5);
+  if (planned != unifabSuccess) return planned;
+  UF_CHECK(agreed);
 
   std::unique_ptr<unifabEpGroup> group(new unifabEpGroup());
   UF_CHECK(unifab::collectives::DeviceComm::acquire(comm, &group->comm_));
@@ -208,20 +215,47 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
                     "network path is not implemented yet)", dc.lsaSize(), dc.nRanks());
   }
   group->config_ = config;
+  // This rank's own memory comes first, and every rank learns whether every rank got its own,
+  // before the window (a collective to create and to destroy) binds them together.
+  const Result allocated = lowLatency ? group->initLowLatency(llLayout) : group->initHighThroughput(layout);
+  UF_CHECK(unifab::collectives::agreeAcrossRanks(*nccl, comm, "unifabEpCreate (memory)", allocated == unifabSuccess,
+                                                 nullptr, nullptr, 0));
+  if (allocated != unifabSuccess) return allocated;
   UF_CHECK(unifab::collectives::SymmetricWindow::create(group->comm_, lowLatency ? llLayout.total : layout.total,
                                                         &group->window_));
-  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&group->hostError_), sizeof(int), cudaHostAllocMapped));
-  *group->hostError_ = 0;
-  UF_CUDA_CHECK(cudaDeviceGetAttribute(&group->deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
-  // validateSms keeps every call's block count at or below it.
-  group->deviceSms_ = std::min(group->deviceSms_, kep::kMaxBlocks);
-  if (lowLatency) {
-    UF_CHECK(group->initLowLatency(llLayout));
-    *out = group.release();
-    return unifabSuccess;
+  for (int r = 0; r < dc.nRanks(); ++r) {
+    if (lowLatency) {
+      group->llView_.peerBase[r] = group->window_->peerBases()[r];
+    } else {
+      group->view_.peerBase[r] = group->window_->peerBases()[r];
+    }
   }
+  if (lowLatency) {
+    UF_INFO(kExt, kLogInit,
+            "EP low-latency group: %d ranks, %d experts (%d per rank), hidden %d, top-%d, %d tokens per rank; window "
+            "%zu MiB; up to %d SMs per call", dc.nRanks(), config.numExperts, config.numExperts / dc.nRanks(),
+            config.hidden, config.topk, config.maxTokensPerRank, llLayout.total >> 20, group->defaultSms_);
+  } else {
+    UF_INFO(kExt, kLogInit,
+            "EP group: %d ranks, %d experts (%d per rank), hidden %d, top-%d, %d tokens per rank; window %zu MiB, "
+            "expert-major rows %d; %d SMs per call", dc.nRanks(), config.numExperts, config.numExperts / dc.nRanks(),
+            config.hidden, config.topk, config.maxTokensPerRank, layout.total >> 20, group->expertRows_.capacity,
+            group->defaultSms_);
+  }
+  *out = group.release();
+  return unifabSuccess;
+}
 
-  kep::GroupView& v = group->view_;
+Result unifabEpGroup::initHighThroughput(const kep::WindowLayout& layout) {
+  const auto& dc = *comm_;
+  const unifabEpConfig_t& config = config_;
+  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&hostError_), sizeof(int), cudaHostAllocMapped));
+  *hostError_ = 0;
+  UF_CUDA_CHECK(cudaDeviceGetAttribute(&deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
+  // validateSms keeps every call's block count at or below it.
+  deviceSms_ = std::min(deviceSms_, kep::kMaxBlocks);
+
+  kep::GroupView& v = view_;
   v.rank = dc.rank();
   v.nRanks = dc.nRanks();
   v.numExperts = config.numExperts;
@@ -230,17 +264,15 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   v.topk = config.topk;
   v.maxTokensPerRank = config.maxTokensPerRank;
   v.layout = layout;
-  for (int r = 0; r < dc.nRanks(); ++r) v.peerBase[r] = group->window_->peerBases()[r];
   v.timeoutNs = static_cast<uint64_t>(unifab::params().epTimeoutMs) * 1000000ULL;
   v.testStallNs = static_cast<uint64_t>(unifab::params().epTestStallUs) * 1000ULL;
-
-  v.maxBlocks = group->deviceSms_;
+  v.maxBlocks = deviceSms_;
 
   // Counters and the expert-major copy live in ordinary device memory: only this GPU touches them.
   const int expertCapacity = unifab::collectives::ep::expertRowCapacity(config, dc.nRanks());
   const size_t cap = static_cast<size_t>(expertCapacity);
-  kep::ExpertMajorRows& rows = group->expertRows_;
-  UF_CHECK(unifab::collectives::ep::allocateCarved(&group->deviceMemory_, [&](unifab::collectives::ep::Carver& carve) {
+  kep::ExpertMajorRows& rows = expertRows_;
+  UF_CHECK(unifab::collectives::ep::allocateCarved(&deviceMemory_, [&](unifab::collectives::ep::Carver& carve) {
     v.epochs = carve.take<kep::Epochs>(1);
     v.sync = carve.take<kep::GridSync>(1);
     v.blockTokenStride = v.maxTokensPerRank + v.maxBlocks;
@@ -253,32 +285,28 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
     rows.weights = carve.take<float>(cap * config.topk);
     rows.source = carve.take<int>(cap * 2);
   }));
-  group->expertRows_.capacity = expertCapacity;
+  expertRows_.capacity = expertCapacity;
 
-  UF_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&v.hostError), group->hostError_, 0));
-  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&group->hostCounts_), sizeof(int) * (kep::kMaxExperts + 1),
+  UF_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&v.hostError), hostError_, 0));
+  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&hostCounts_), sizeof(int) * (kep::kMaxExperts + 1),
                               cudaHostAllocDefault));
 
   unifab::tuner::EpSmQuery query;
   query.nRanks = dc.nRanks();
-  query.deviceSms = group->deviceSms_;
+  query.deviceSms = deviceSms_;
   query.nvlinkGBps = unifab::tuner::localGpu().nvlinkGBps;
-  group->defaultSms_ = unifab::tuner::epHighThroughputSms(query);
+  defaultSms_ = unifab::tuner::epHighThroughputSms(query);
   // A few routings made now: handles in use at once rarely exceed this, and beyond it the next
-  // dispatch allocates (outside graph capture).
+  // dispatch allocates (outside graph capture). The pool sizes them from the view, whose peer
+  // bases the window fills in later.
   constexpr int kPreparedRoutings = 4;
-  group->pool_ = std::make_shared<unifab::collectives::ep::RoutingPool>(v);
+  pool_ = std::make_shared<unifab::collectives::ep::RoutingPool>(v);
   for (int i = 0; i < kPreparedRoutings; ++i) {
     auto buffers = std::make_unique<RoutingBuffers>();
     UF_CHECK(buffers->allocate(v));
-    group->pool_->give(std::move(buffers));
+    pool_->give(std::move(buffers));
   }
-  if (config.maxSms > 0) group->defaultSms_ = std::min(group->defaultSms_, config.maxSms);
-  UF_INFO(kExt, kLogInit,
-          "EP group: %d ranks, %d experts (%d per rank), hidden %d, top-%d, %d tokens per rank; window %zu MiB, "
-          "expert-major rows %d; %d SMs per call", v.nRanks, v.numExperts, v.numLocalExperts, v.hidden, v.topk,
-          v.maxTokensPerRank, layout.total >> 20, expertCapacity, group->defaultSms_);
-  *out = group.release();
+  if (config.maxSms > 0) defaultSms_ = std::min(defaultSms_, config.maxSms);
   return unifabSuccess;
 }
 

@@ -72,6 +72,10 @@ Result unifabEpGroup::windowBytes(const unifabEpConfig_t& config, int nRanks, si
 
 Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
   const auto& dc = *comm_;
+  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&hostError_), sizeof(int), cudaHostAllocMapped));
+  *hostError_ = 0;
+  UF_CUDA_CHECK(cudaDeviceGetAttribute(&deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
+  deviceSms_ = std::min(deviceSms_, kep::kMaxBlocks);
   kep::LlView& v = llView_;
   v.rank = dc.rank();
   v.nRanks = dc.nRanks();
@@ -82,7 +86,6 @@ Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
   v.maxTokens = config_.maxTokensPerRank;
   v.expertStride = v.nRanks * v.maxTokens;
   v.layout = layout;
-  for (int r = 0; r < dc.nRanks(); ++r) v.peerBase[r] = window_->peerBases()[r];
   v.timeoutNs = static_cast<uint64_t>(unifab::params().epTimeoutMs) * 1000000ULL;
   UF_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&v.hostError), hostError_, 0));
 
@@ -104,10 +107,7 @@ Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
     v.trace = unifab::params().epTrace ? carve.take<unsigned long long>(kep::kTraceWords) : nullptr;
   }));
   defaultSms_ = config_.maxSms > 0 ? std::min(config_.maxSms, deviceSms_) : deviceSms_;
-  UF_INFO(kExt, kLogInit,
-          "EP low-latency group: %d ranks, %d experts (%d per rank), hidden %d, top-%d, %d tokens per rank; window "
-          "%zu MiB, receive rows %zu per set; up to %d SMs per call", v.nRanks, v.numExperts, v.numLocalExperts,
-          v.hidden, v.topk, v.maxTokens, layout.total >> 20, expertRows, defaultSms_);
+  UF_INFO(kExt, kLogInit, "EP low-latency group: receive rows %zu per set", expertRows);
   return unifabSuccess;
 }
 

@@ -167,28 +167,43 @@ void WaitWatchdog::run() {
 namespace pp = unifab::collectives::pp;
 
 Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t& config, unifabPpGroup** out) {
+  // Only what makes a collective step impossible returns before the first one.
   if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
-  if (config.size < sizeof(unifabPpConfig_t)) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "config->size=%zu, expected %zu: initialise it with UNIFAB_PP_CONFIG_INIT",
-                    config.size, sizeof(unifabPpConfig_t));
-  }
-  const size_t chunkBytes = config.chunkBytes == 0 ? pp::kDefaultChunkBytes : config.chunkBytes;
-  const int slots = config.chunksInFlight == 0 ? pp::kDefaultSlots : config.chunksInFlight;
-  if (chunkBytes % 16 != 0 || chunkBytes > pp::kMaxChunkBytes) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "config->chunkBytes=%zu must be a multiple of 16 in 16..%zu (0: %zu)",
-                    config.chunkBytes, pp::kMaxChunkBytes, pp::kDefaultChunkBytes);
-  }
-  if (slots < 1 || slots > pp::kMaxSlots) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "config->chunksInFlight=%d is outside 1..%d (0: %d)",
-                    config.chunksInFlight, pp::kMaxSlots, pp::kDefaultSlots);
-  }
-  std::unique_ptr<unifabPpGroup> group(new unifabPpGroup());
-  // What this rank can check alone comes before the collective steps: a rank that failed between
-  // them would leave its peers waiting in NCCL.
+  const unifab::collectives::NcclRuntime* nccl = nullptr;
+  UF_CHECK(unifab::collectives::ncclRuntime(&nccl));
   UF_CHECK(unifab::collectives::requireCommDevice(comm));
+  const bool sized = config.size >= sizeof(unifabPpConfig_t);
+  const size_t chunkBytes = !sized || config.chunkBytes == 0 ? pp::kDefaultChunkBytes : config.chunkBytes;
+  const int slots = !sized || config.chunksInFlight == 0 ? pp::kDefaultSlots : config.chunksInFlight;
+  const bool rendezvous = unifab::params().ppEngine == "rendezvous";
+  auto checkConfig = [&]() -> Result {
+    if (!sized) {
+      return UF_ERROR(unifabInvalidArgument, kExt,
+                      "config->size=%zu, expected %zu: initialise it with UNIFAB_PP_CONFIG_INIT", config.size,
+                      sizeof(unifabPpConfig_t));
+    }
+    if (chunkBytes % 16 != 0 || chunkBytes > pp::kMaxChunkBytes) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "config->chunkBytes=%zu must be a multiple of 16 in 16..%zu (0: %zu)",
+                      config.chunkBytes, pp::kMaxChunkBytes, pp::kDefaultChunkBytes);
+    }
+    if (slots < 1 || slots > pp::kMaxSlots) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "config->chunksInFlight=%d is outside 1..%d (0: %d)",
+                      config.chunksInFlight, pp::kMaxSlots, pp::kDefaultSlots);
+    }
+    return unifabSuccess;
+  };
+  // Every rank learns whether every rank's configuration is valid and the same (the window's
+  // layout follows from it, and from the engine) before any goes on.
+  const Result checked = checkConfig();
+  const int64_t shared[] = {static_cast<int64_t>(chunkBytes), slots, rendezvous ? 1 : 0};
+  static const char* const kSharedNames[] = {"chunkBytes", "chunksInFlight", "UNIFAB_PP_ENGINE (1: rendezvous)"};
+  const Result agreed = unifab::collectives::agreeAcrossRanks(*nccl, comm, "unifabPpCreate", checked == unifabSuccess,
+                                                              shared, kSharedNames, 3);
+  if (checked != unifabSuccess) return checked;
+  UF_CHECK(agreed);
+  std::unique_ptr<unifabPpGroup> group(new unifabPpGroup());
   int device = -1;
   UF_CUDA_CHECK(cudaGetDevice(&device));
-  UF_CHECK(pp::streamOps(device, &group->ops_));
   UF_CHECK(unifab::collectives::DeviceComm::acquire(comm, &group->comm_));
   const auto& dc = *group->comm_;
   group->chunkBytes_ = chunkBytes;
@@ -197,23 +212,33 @@ Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t& config, un
   group->firstLsaRank_ = dc.rank() - dc.lsaRank();
   group->myIndex_ = dc.lsaRank();
   group->flagsBase_ = static_cast<size_t>(group->lsaSize_) * slots * chunkBytes;
-  group->rendezvous_ = unifab::params().ppEngine == "rendezvous";
+  group->rendezvous_ = rendezvous;
   const size_t windowBytes = group->namesOffset() + pp::Inbox::kNameBytes * group->lsaSize_;
   group->sentTo_.assign(group->lsaSize_, 0);
   group->receivedFrom_.assign(group->lsaSize_, 0);
-  // The watchdog before the collective window creation: a rank must not fail between the two.
-  group->watchdog_ = std::make_unique<pp::WaitWatchdog>(dc.cudaDevice(), unifab::params().ppTimeoutMs);
-  UF_CHECK(group->watchdog_->start());
-  if (group->rendezvous_) {
-    UF_CHECK(pp::Inbox::create(group->lsaSize_, &group->myInbox_));
-    group->rendezvousPeers_.resize(group->lsaSize_);
-    for (RendezvousPeer& peer : group->rendezvousPeers_) {
-      for (std::vector<cudaEvent_t>& ends : peer.callEnds) {
-        ends.assign(pp::Inbox::kRing, nullptr);
-        for (cudaEvent_t& e : ends) UF_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  // This rank's own resources (stream memory operations, the watchdog, the inbox) before the
+  // collective window creation, and every rank learns whether every rank got them: a rank must
+  // not fail between the two.
+  auto setUpLocal = [&]() -> Result {
+    UF_CHECK(pp::streamOps(device, &group->ops_));
+    group->watchdog_ = std::make_unique<pp::WaitWatchdog>(dc.cudaDevice(), unifab::params().ppTimeoutMs);
+    UF_CHECK(group->watchdog_->start());
+    if (group->rendezvous_) {
+      UF_CHECK(pp::Inbox::create(group->lsaSize_, &group->myInbox_));
+      group->rendezvousPeers_.resize(group->lsaSize_);
+      for (RendezvousPeer& peer : group->rendezvousPeers_) {
+        for (std::vector<cudaEvent_t>& ends : peer.callEnds) {
+          ends.assign(pp::Inbox::kRing, nullptr);
+          for (cudaEvent_t& e : ends) UF_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        }
       }
     }
-  }
+    return unifabSuccess;
+  };
+  const Result setUp = setUpLocal();
+  UF_CHECK(unifab::collectives::agreeAcrossRanks(*nccl, comm, "unifabPpCreate (memory)", setUp == unifabSuccess,
+                                                 nullptr, nullptr, 0));
+  if (setUp != unifabSuccess) return setUp;
   UF_CHECK(unifab::collectives::SymmetricWindow::create(group->comm_, windowBytes, &group->window_));
   if (group->rendezvous_) UF_CHECK(group->setUpRendezvous());
   UF_INFO(kExt, kLogInit, "PP group: rank %d, %d NVLink peers, %s engine, %d slots of %zu KiB per peer (window %zu MiB)",

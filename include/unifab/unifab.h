@@ -115,7 +115,10 @@ typedef struct {
 /* Bytes of symmetric memory a group with this configuration registers on each rank. */
 UNIFAB_API unifabResult_t unifabEpBufferSize(const unifabEpConfig_t* config, int nRanks, size_t* bytes);
 
-/* Collective over `comm`: every rank calls it with the same configuration. */
+/* Collective over `comm`: every rank calls it with the same configuration. The ranks compare
+ * their configurations first: if they differ, or any rank's is invalid, every rank is refused
+ * (unifabInvalidUsage naming the field, or saying another rank refused; the invalid rank returns
+ * its own error) and none is left waiting. */
 UNIFAB_API unifabResult_t unifabEpCreate(ncclComm_t comm, const unifabEpConfig_t* config, unifabEpGroup_t* group);
 /* Collective; waits for outstanding work of the group on the device. */
 UNIFAB_API unifabResult_t unifabEpDestroy(unifabEpGroup_t group);
@@ -318,7 +321,9 @@ typedef struct {
 } unifabPpConfig_t;
 #define UNIFAB_PP_CONFIG_INIT {sizeof(unifabPpConfig_t), 0, 0}
 
-/* Collective over `comm`: every rank calls it with the same configuration. */
+/* Collective over `comm`: every rank calls it with the same configuration (and the same
+ * UNIFAB_PP_ENGINE); ranks that differ, or any rank's invalid configuration, refuse every rank,
+ * as for unifabEpCreate. */
 UNIFAB_API unifabResult_t unifabPpCreate(ncclComm_t comm, const unifabPpConfig_t* config, unifabPpGroup_t* group);
 /* Collective; waits for the group's outstanding transfers. */
 UNIFAB_API unifabResult_t unifabPpDestroy(unifabPpGroup_t group);
@@ -376,7 +381,8 @@ typedef struct {
 #define UNIFAB_ENGRAM_FETCH_ARGS_INIT \
   {sizeof(unifabEngramFetchArgs_t), 0, unifabEpIndexInt64, 0, 0, 0, 0, unifabEngramAuto, 0}
 
-/* Collective over `comm`; the table starts zeroed. */
+/* Collective over `comm`; the table starts zeroed. Every rank passes the same configuration;
+ * ranks that differ, or any rank's invalid one, refuse every rank, as for unifabEpCreate. */
 UNIFAB_API unifabResult_t unifabEngramCreate(ncclComm_t comm, const unifabEngramConfig_t* config,
                                              unifabEngramTable_t* table);
 /* Collective; waits for the table's outstanding fetches. */

@@ -7,6 +7,10 @@
 //                     own NCCL_HOSTID, so NCCL sees separate nodes): NCCL refuses the device
 //                     communicator ("GIN not supported"), and the second group on the same
 //                     communicator must be refused at once, without entering NCCL again.
+//   --mismatch        every rank is fine alone but the ranks disagree (EP hidden, PP chunkBytes,
+//                     Engram rowBytes with the same window size), or one rank's configuration is
+//                     invalid: every rank is refused (the field named, or "another rank refused"),
+//                     none hangs, and the communicator still makes an agreed group afterwards.
 // The process leaves with _exit after its tally: tearing down a communicator that NCCL refused
 // is not what is under test.
 #include <unistd.h>
@@ -45,12 +49,65 @@ void expectRefused(NcclSession& session, unifabEpMode_t mode, unifabResult_t exp
   if (group != nullptr) unifabEpDestroy(group);
 }
 
+// unifab's last error mentions `text`.
+bool lastErrorMentions(const char* text) {
+  const char* message = unifabGetLastError();
+  return message != nullptr && strstr(message, text) != nullptr;
+}
+
+std::string got(unifabResult_t result) {
+  const char* message = unifabGetLastError();
+  return std::string(unifabGetErrorString(result)) + ": " + (message != nullptr ? message : "");
+}
+
+void checkMismatches(NcclSession& session) {
+  const int rank = session.rank();
+  const ep::Shape shape = ep::makeShape(session.nRanks(), 16, 2048, 4, 64);
+  for (unifabEpMode_t m : {unifabEpHighThroughput, unifabEpLowLatency}) {
+    const std::string what = m == unifabEpLowLatency ? "low-latency EP" : "high-throughput EP";
+    unifabEpConfig_t config = ep::groupConfig(shape);
+    config.mode = m;
+    unifabEpGroup_t group = nullptr;
+    // The ranks disagree on hidden: each is valid alone.
+    unifabEpConfig_t differing = config;
+    if (rank == 1) differing.hidden = 4096;
+    unifabResult_t result = unifabEpCreate(session.comm(), &differing, &group);
+    check(result == unifabInvalidUsage && lastErrorMentions("hidden") && group == nullptr,
+          what + ", ranks disagree on hidden: refused naming it (" + got(result) + ")");
+    // Rank 1's own configuration is invalid: it says why, the others that it refused.
+    unifabEpConfig_t invalid = config;
+    if (rank == 1) invalid.topk = 0;
+    result = unifabEpCreate(session.comm(), &invalid, &group);
+    const bool refusedRight = rank == 1 ? result == unifabInvalidArgument && lastErrorMentions("topk")
+                                        : result == unifabInvalidUsage && lastErrorMentions("another rank refused");
+    check(refusedRight && group == nullptr, what + ", rank 1's top-k invalid: every rank refused (" + got(result) + ")");
+    // Agreed again: the communicator works and the group is made.
+    result = unifabEpCreate(session.comm(), &config, &group);
+    check(result == unifabSuccess && group != nullptr, what + ", agreed afterwards: created (" + got(result) + ")");
+    if (group != nullptr) check(unifabEpDestroy(group) == unifabSuccess, what + ": destroyed");
+  }
+  unifabPpConfig_t pp = UNIFAB_PP_CONFIG_INIT;
+  pp.chunkBytes = rank == 1 ? (2 << 20) : (1 << 20);
+  unifabPpGroup_t ppGroup = nullptr;
+  unifabResult_t result = unifabPpCreate(session.comm(), &pp, &ppGroup);
+  check(result == unifabInvalidUsage && lastErrorMentions("chunkBytes") && ppGroup == nullptr,
+        "PP, ranks disagree on chunkBytes: refused naming it (" + got(result) + ")");
+  // Engram windows of the same size from different shapes would pass every other check.
+  unifabEngramConfig_t engram = UNIFAB_ENGRAM_CONFIG_INIT;
+  engram.rowBytes = rank == 1 ? 128 : 64;
+  engram.rowsPerRank = rank == 1 ? 500 : 1000;
+  unifabEngramTable_t table = nullptr;
+  result = unifabEngramCreate(session.comm(), &engram, &table);
+  check(result == unifabInvalidUsage && lastErrorMentions("rowBytes") && table == nullptr,
+        "Engram, 64 x 1000 against 128 x 500: refused naming rowBytes (" + got(result) + ")");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "--nccl-mismatch" && mode != "--no-lsa") {
-    fprintf(stderr, "usage: %s --nccl-mismatch | --no-lsa\n", argv[0]);
+  if (mode != "--nccl-mismatch" && mode != "--no-lsa" && mode != "--mismatch") {
+    fprintf(stderr, "usage: %s --nccl-mismatch | --no-lsa | --mismatch\n", argv[0]);
     return 2;
   }
   setvbuf(stdout, nullptr, _IOLBF, 0);  // every line survives a launcher timeout
@@ -64,6 +121,12 @@ int main(int argc, char** argv) {
   }
   NcclSession& session = *new NcclSession();  // never destroyed: see _exit below
   if (!session.init(env)) return 1;
+  if (mode == "--mismatch") {
+    checkMismatches(session);
+    const int status = finishChecks();
+    fflush(stdout);
+    _exit(status);
+  }
   for (unifabEpMode_t m : {unifabEpHighThroughput, unifabEpLowLatency}) {
     const std::string what = std::string(m == unifabEpLowLatency ? "low-latency" : "high-throughput") + " group, " +
                              (mode == "--no-lsa" ? "ranks on separate nodes" : "NCCL " + std::to_string(runtime));
