@@ -502,6 +502,14 @@ Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStre
   if (rawEnum(a.topkIdxType) != unifabEpIndexInt64 && rawEnum(a.topkIdxType) != unifabEpIndexInt32) {
     return UF_ERROR(unifabInvalidArgument, kExt, "topkIdxType=%d is neither int64 (0) nor int32 (1)", rawEnum(a.topkIdxType));
   }
+  const size_t idBytes = a.topkIdxType == unifabEpIndexInt32 ? 4 : 8;
+  if (a.topkIdx != nullptr && !unifab::collectives::ep::alignedTo(a.topkIdx, idBytes)) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "topkIdx=%p must be aligned to its %zu-byte ids", a.topkIdx, idBytes);
+  }
+  if (a.topkWeights != nullptr && !unifab::collectives::ep::alignedTo(a.topkWeights, sizeof(float))) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "topkWeights=%p must be aligned to 4 bytes (floats)",
+                    static_cast<const void*>(a.topkWeights));
+  }
   if (rawEnum(a.layout) != unifabEpRankMajor && rawEnum(a.layout) != unifabEpExpertMajor) {
     return UF_ERROR(unifabInvalidArgument, kExt, "layout=%d is neither rank-major (0) nor expert-major (1)", rawEnum(a.layout));
   }
@@ -660,6 +668,10 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
     return UF_ERROR(unifabInvalidArgument, kExt, "combinedX=%p must be a non-NULL device pointer aligned to 16 bytes",
                     a.combinedX);
   }
+  if (a.combinedWeights != nullptr && !unifab::collectives::ep::alignedTo(a.combinedWeights, sizeof(float))) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "combinedWeights=%p must be aligned to 4 bytes (floats)",
+                    static_cast<const void*>(a.combinedWeights));
+  }
   UF_CHECK(validateSms(a.numSms));
   bool capturing = false;
   UF_CHECK(checkStream(stream, &capturing));
@@ -680,19 +692,23 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
   // own outputs have no place anywhere in the window.
   const char* windowBegin = window_->localBase();
   const char* windowEnd = windowBegin + view_.layout.total;
-  auto within = [](const void* p, const char* begin, const char* end) {
-    const char* c = static_cast<const char*>(p);
-    return p != nullptr && c >= begin && c < end;
-  };
-  if (!pull && within(a.expertOutput, windowBegin + view_.layout.combineX, windowEnd)) {
+  // Whole ranges, not start addresses: the most rows the combine reads, and the most it writes.
+  using unifab::collectives::ep::overlaps;
+  const size_t rowBytes = static_cast<size_t>(config_.hidden) * 2;  // BF16
+  const size_t expertOutputBytes =
+      rowBytes * static_cast<size_t>(handle->layout == unifabEpExpertMajor ? expertRows_.capacity
+                                                                           : view_.layout.recvCapacity);
+  const size_t combinedXBytes = rowBytes * static_cast<size_t>(handle->numTokens);
+  const size_t combinedWeightsBytes = sizeof(float) * static_cast<size_t>(handle->numTokens) * config_.topk;
+  if (!pull && overlaps(a.expertOutput, expertOutputBytes, windowBegin + view_.layout.combineX, windowEnd)) {
     return UF_ERROR(unifabInvalidArgument, kExt,
                     "expertOutput=%p lies in the group's combine regions [%p, %p) but is not the combine input (%p) "
                     "itself: pass the combine input, or a buffer the peers do not write", a.expertOutput,
                     static_cast<const void*>(windowBegin + view_.layout.combineX), static_cast<const void*>(windowEnd),
                     combineIn);
   }
-  auto inWindow = [&](const void* p) { return within(p, windowBegin, windowEnd); };
-  if (inWindow(a.combinedX) || inWindow(a.combinedWeights)) {
+  if (overlaps(a.combinedX, combinedXBytes, windowBegin, windowEnd) ||
+      overlaps(a.combinedWeights, combinedWeightsBytes, windowBegin, windowEnd)) {
     return UF_ERROR(unifabInvalidArgument, kExt,
                     "combinedX=%p / combinedWeights=%p: the outputs must lie outside the group's window [%p, %p), "
                     "which the peers write and read during the combine", a.combinedX,

@@ -154,6 +154,14 @@ Result unifabEpGroup::validateLowLatencyDispatch(const unifabEpLowLatencyDispatc
       return UF_ERROR(unifabInvalidArgument, kExt, "x=%p must be a non-NULL BF16 device pointer aligned to 16 bytes", a.x);
     }
     if (a.topkIdx == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "topkIdx=NULL with numTokens=%d", a.numTokens);
+    const size_t idBytes = a.topkIdxType == unifabEpIndexInt32 ? 4 : 8;
+    if (!unifab::collectives::ep::alignedTo(a.topkIdx, idBytes)) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "topkIdx=%p must be aligned to its %zu-byte ids", a.topkIdx, idBytes);
+    }
+    if (a.topkWeights != nullptr && !unifab::collectives::ep::alignedTo(a.topkWeights, sizeof(float))) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "topkWeights=%p must be aligned to 4 bytes (floats)",
+                      static_cast<const void*>(a.topkWeights));
+    }
   }
   // The two sets hold the latest two dispatches: a send that would reuse a set whose receive
   // phase never ran would leave that dispatch's receive waiting for overwritten data.

@@ -84,6 +84,16 @@ bool run(NcclSession& session) {
               }),
               unifabInvalidArgument, "scales", "FP8 without scales");
   expectError(dispatchWith([](auto& a) { a.topkIdx = nullptr; }), unifabInvalidArgument, "topkIdx", "null topkIdx");
+  // A misaligned id or weight load would fault the context (and time out every peer).
+  expectError(dispatchWith([](auto& a) {
+                a.topkIdxType = unifabEpIndexInt64;
+                a.topkIdx = static_cast<const char*>(a.topkIdx) + 4;
+              }),
+              unifabInvalidArgument, "topkIdx", "int64 ids 4 bytes off");
+  expectError(dispatchWith([](auto& a) {
+                a.topkWeights = reinterpret_cast<const float*>(reinterpret_cast<const char*>(a.topkWeights) + 2);
+              }),
+              unifabInvalidArgument, "topkWeights", "weights 2 bytes off");
   expectError(dispatchWith([](auto& a) { std::memset(&a.topkIdxType, 0x5, sizeof(a.topkIdxType)); }),
               unifabInvalidArgument, "topkIdxType", "unknown topkIdxType");
   expectError(dispatchWith([](auto& a) { std::memset(&a.layout, 0x9, sizeof(a.layout)); }), unifabInvalidArgument,
@@ -163,6 +173,9 @@ bool run(NcclSession& session) {
               unifabInvalidArgument, "combinedX", "misaligned combinedX");
   expectError(combineWith([&](auto& a) { a.numSms = deviceSms + 1; }, handle), unifabInvalidArgument, "numSms",
               "combine numSms above the GPU's SMs");
+  expectError(combineWith([&](auto& a) { a.combinedWeights = reinterpret_cast<float*>(static_cast<char*>(combined) + 2); },
+                          handle),
+              unifabInvalidArgument, "combinedWeights", "combinedWeights 2 bytes off");
   expectError(combineWith([](auto&) {}, nullptr), unifabInvalidArgument, "handle", "combine without a handle");
 
   // Nothing above launched: the receive rows are still poisoned.
