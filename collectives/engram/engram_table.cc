@@ -144,6 +144,16 @@ Result unifabEngramTable::write(int64_t firstRow, int64_t numRows, const void* r
     return UF_ERROR(unifabInvalidArgument, kExt, "scales=NULL: the table carries a scale per row");
   }
   UF_CHECK(unifab::collectives::checkStreamDevice(stream, comm_->cudaDevice()));
+  // The copy engine would fault on a range past its allocation, or read host memory the caller
+  // did not mean: the documented source is device memory.
+  if (numRows > 0) {
+    UF_CHECK(unifab::collectives::checkDeviceRange(rows, static_cast<size_t>(numRows) * config_.rowBytes,
+                                                   comm_->cudaDevice(), "rows"));
+    if (config_.rowScales) {
+      UF_CHECK(unifab::collectives::checkDeviceRange(scales, sizeof(float) * static_cast<size_t>(numRows),
+                                                     comm_->cudaDevice(), "scales"));
+    }
+  }
   unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
   char* local = window_->localBase();
   UF_CHECK(unifab::collectives::copyEngineCopy(local + static_cast<size_t>(firstRow) * config_.rowBytes, rows,

@@ -253,6 +253,10 @@ bool runTable(NcclSession& session, size_t rowBytes, bool scales) {
   const unifabResult_t wrapped = unifabEngramWrite(t.handle, INT64_MAX, 1, out, outScales, session.stream());
   check(wrapped == unifabInvalidArgument && strstr(unifabGetLastError(), "firstRow") != nullptr,
         name + ": a write whose last row would wrap past INT64_MAX is refused");
+  std::vector<uint8_t> hostRows(t.rowBytes);
+  const unifabResult_t fromHost = unifabEngramWrite(t.handle, 0, 1, hostRows.data(), outScales, session.stream());
+  check(fromHost == unifabInvalidArgument && strstr(unifabGetLastError(), "rows") != nullptr,
+        name + ": a write from pageable host memory is refused naming rows");
   // ... and the gather kernel reports it (the table then refuses further calls).
   int64_t* deviceOutside = nullptr;
   TEST_CUDA_CHECK(cudaMalloc(&deviceOutside, sizeof(int64_t)));
