@@ -51,6 +51,23 @@ TEST(EpConfig, EachBadFieldIsNamed) {
       {"config->maxTokensPerRank", [](unifabEpConfig_t* c, int*) { c->maxTokensPerRank = 0; }, unifabInvalidArgument},
       {"config->maxSms", [](unifabEpConfig_t* c, int*) { c->maxSms = -1; }, unifabInvalidArgument},
       {"nRanks", [](unifabEpConfig_t*, int* n) { *n = 65; }, unifabInvalidArgument},
+      {"nRanks", [](unifabEpConfig_t*, int* n) { *n = 0; }, unifabInvalidArgument},
+      {"config->numExperts", [](unifabEpConfig_t* c, int* n) {
+         *n = 8;
+         c->numExperts = 4;  // fewer experts than ranks
+         c->topk = 2;
+       }, unifabInvalidArgument},
+      {"config->topk", [](unifabEpConfig_t* c, int*) {
+         c->numExperts = 8;
+         c->topk = 9;  // more than the experts
+       }, unifabInvalidArgument},
+      {"config->hidden", [](unifabEpConfig_t* c, int*) { c->hidden = 65536 + 128; }, unifabInvalidArgument},
+      {"config->maxTokensPerRank", [](unifabEpConfig_t* c, int*) { c->maxTokensPerRank = (1 << 20) + 1; },
+       unifabInvalidArgument},
+      {"config->maxTokensPerRank", [](unifabEpConfig_t* c, int*) {
+         c->mode = unifabEpLowLatency;
+         c->maxTokensPerRank = 1025;  // a low-latency group takes at most 1024
+       }, unifabInvalidArgument},
   };
   for (const BadCase& bad : cases) {
     unifabEpConfig_t config = standard();
