@@ -721,6 +721,28 @@ class HostileSenderTest : public NetTest {
     EXPECT_EQ(firstNotEqual(slotBuffer(1) + kBufferBytes, kGuard, kPoison), SIZE_MAX) << "written after buffer 1";
   }
 
+  // One chunk as (slot, messageBytes, offset, length, chunkBytes); the receive's sequence is added.
+  struct Piece {
+    uint32_t slot;
+    uint64_t messageBytes, offset, length, chunkBytes;
+  };
+
+  // A receive of `buffers` buffers gets `pieces`: it must fail, with nothing written outside its
+  // buffers (and, with two buffers, nothing in the second).
+  void expectRefused(int buffers, std::initializer_list<Piece> pieces) {
+    unifab::net::socket::ClearToSend announcement{};
+    void* r = postGrouped(buffers, &announcement);
+    for (const Piece& p : pieces) {
+      ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, p.slot, p.messageBytes, p.offset, p.length,
+                                          p.chunkBytes)));
+    }
+    EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
+    if (buffers == 2) {
+      EXPECT_EQ(firstNotEqual(slotBuffer(1), kBufferBytes, kPoison), SIZE_MAX);
+    }
+    expectGuardsIntact();
+  }
+
   static unifab::net::socket::ChunkHeader chunk(uint64_t sequence, uint32_t slot, uint64_t messageBytes, uint64_t offset,
                                                 uint64_t length, uint64_t chunkBytes) {
     unifab::net::socket::ChunkHeader header{};
@@ -754,51 +776,25 @@ TEST_F(HostileSenderTest, AWellCutMessageArrives) {
 
 // offset + length wraps around 2^64 to a small number: it must not pass as inside the buffer.
 TEST_F(HostileSenderTest, AnOffsetThatWrapsAroundIsRefused) {
-  unifab::net::socket::ClearToSend announcement{};
-  void* r = postGrouped(1, &announcement);
-  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 4096, ~uint64_t{0} - 4095, 8192, 8192)));
-  EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
-  expectGuardsIntact();
+  expectRefused(1, {{0, 4096, ~uint64_t{0} - 4095, 8192, 8192}});
 }
 
 // Two empty chunks for buffer 0 of a two-buffer receive must not complete it with buffer 1 unwritten.
-TEST_F(HostileSenderTest, ARepeatedChunkIsRefused) {
-  unifab::net::socket::ClearToSend announcement{};
-  void* r = postGrouped(2, &announcement);
-  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 0, 0, 0, 0)));
-  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 0, 0, 0, 0)));
-  EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
-  EXPECT_EQ(firstNotEqual(slotBuffer(1), kBufferBytes, kPoison), SIZE_MAX);
-  expectGuardsIntact();
-}
+TEST_F(HostileSenderTest, ARepeatedChunkIsRefused) { expectRefused(2, {{0, 0, 0, 0, 0}, {0, 0, 0, 0, 0}}); }
 
 // Overlapping chunks whose lengths add up to the message must not complete it half written.
 TEST_F(HostileSenderTest, OverlappingChunksAreRefused) {
-  unifab::net::socket::ClearToSend announcement{};
-  void* r = postGrouped(1, &announcement);
-  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 8192, 0, 4096, 4096)));
-  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 8192, 2048, 4096, 2048)));
-  EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
-  expectGuardsIntact();
+  expectRefused(1, {{0, 8192, 0, 4096, 4096}, {0, 8192, 2048, 4096, 2048}});
 }
 
 // Chunks of one buffer that name different message sizes.
 TEST_F(HostileSenderTest, ChunksThatDisagreeOnTheMessageSizeAreRefused) {
-  unifab::net::socket::ClearToSend announcement{};
-  void* r = postGrouped(1, &announcement);
-  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 8192, 0, 4096, 4096)));
-  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 6000, 4096, 1904, 4096)));
-  EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
-  expectGuardsIntact();
+  expectRefused(1, {{0, 8192, 0, 4096, 4096}, {0, 6000, 4096, 1904, 4096}});
 }
 
 // A message larger than the buffer without the truncation mark.
 TEST_F(HostileSenderTest, AnUnmarkedOversizedMessageIsRefused) {
-  unifab::net::socket::ClearToSend announcement{};
-  void* r = postGrouped(1, &announcement);
-  ASSERT_TRUE(sender_.sendChunk(chunk(announcement.sequence, 0, 2 * kBufferBytes, kBufferBytes, 4096, kBufferBytes)));
-  EXPECT_EQ(waitRequest(net_, r, nullptr, 10.0), WaitOutcome::kError);
-  expectGuardsIntact();
+  expectRefused(1, {{0, 2 * kBufferBytes, kBufferBytes, 4096, kBufferBytes}});
 }
 
 // Both buffers of a grouped receive too small, the notices read one after the other: one error,
