@@ -7,10 +7,23 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "plugin/check.h"
 
 namespace unifab::collectives {
+
+// Whether `pointer` is aligned for elements of `bytes` (a power of two): kernels load them whole,
+// and a misaligned load faults the context.
+inline bool alignedTo(const void* pointer, size_t bytes) {
+  return (reinterpret_cast<uintptr_t>(pointer) & (bytes - 1)) == 0;
+}
+
+// Whether [pointer, pointer + bytes) meets [begin, end).
+inline bool overlaps(const void* pointer, size_t bytes, const char* begin, const char* end) {
+  const char* first = static_cast<const char*>(pointer);
+  return pointer != nullptr && bytes > 0 && first < end && first + bytes > begin;
+}
 
 // The driver's cuPointerGetAttributes, through the runtime (unifab does not link libcuda),
 // resolved once; null if this driver lacks it.

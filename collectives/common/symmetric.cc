@@ -5,6 +5,7 @@
 #include <string>
 #include <mutex>
 
+#include "collectives/common/agreement.h"
 #include "collectives/common/cuda_check.h"
 #include "collectives/common/device_guard.h"
 #include "kernels/common/window.h"
@@ -125,53 +126,6 @@ Result DeviceComm::acquire(ncclComm_t comm, std::shared_ptr<DeviceComm>* out) {
 
 Result DeviceComm::barrier() const { return hostBarrier(*this); }
 
-Result allRanksMax(const NcclRuntime& nccl, ncclComm_t comm, int64_t* values, size_t count) {
-  cudaStream_t stream = nullptr;
-  int64_t* scratch = nullptr;
-  UF_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  // The stream and scratch words are released on every path; the first failure is the result.
-  auto body = [&]() -> Result {
-    UF_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scratch), count * sizeof(int64_t), stream));
-    UF_CUDA_CHECK(cudaMemcpyAsync(scratch, values, count * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
-    UF_NCCL_CHECK(nccl.allReduce(scratch, scratch, count, ncclInt64, ncclMax, comm, stream), comm);
-    UF_CUDA_CHECK(cudaMemcpyAsync(values, scratch, count * sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
-    UF_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return unifabSuccess;
-  };
-  Result result = body();
-  if (scratch != nullptr) UF_CUDA_WARN(cudaFreeAsync(scratch, stream));
-  UF_CUDA_WARN(cudaStreamSynchronize(stream));
-  UF_CUDA_WARN(cudaStreamDestroy(stream));
-  return result;
-}
-
-Result agreeAcrossRanks(const NcclRuntime& nccl, ncclComm_t comm, const char* operation, bool locallyValid,
-                        const int64_t* values, const char* const* names, size_t count) {
-  // One all-reduce of the maxima, the negated values (their maxima are the minima) and a refusal flag.
-  std::vector<int64_t> words(2 * count + 1);
-  for (size_t i = 0; i < count; ++i) {
-    words[i] = values[i];
-    words[count + i] = -values[i];
-  }
-  words[2 * count] = locallyValid ? 0 : 1;
-  UF_CHECK(allRanksMax(nccl, comm, words.data(), words.size()));
-  if (words[2 * count] != 0) {
-    if (!locallyValid) return unifabInvalidArgument;  // the caller returns its own, logged error
-    return UF_ERROR(unifabInvalidUsage, kExt, "%s: another rank refused its arguments (its log says why); this rank "
-                    "refuses too", operation);
-  }
-  for (size_t i = 0; i < count; ++i) {
-    const int64_t highest = words[i], lowest = -words[count + i];
-    if (lowest != highest) {
-      return UF_ERROR(unifabInvalidUsage, kExt,
-                      "%s: the ranks disagree on %s (this rank %lld; across ranks %lld..%lld); every rank must pass "
-                      "the same", operation, names[i], static_cast<long long>(values[i]),
-                      static_cast<long long>(lowest), static_cast<long long>(highest));
-    }
-  }
-  return unifabSuccess;
-}
-
 DeviceComm::~DeviceComm() {
   if (comm_ == nullptr) return;
   DeviceGuard guard(cudaDevice_);
@@ -186,7 +140,8 @@ DeviceComm::~DeviceComm() {
   if (it->second->comm.expired()) g_registry.erase(it);
 }
 
-Result SymmetricWindow::create(std::shared_ptr<DeviceComm> comm, size_t bytes, std::unique_ptr<SymmetricWindow>* out) {
+Result SymmetricWindow::create(std::shared_ptr<DeviceComm> comm, size_t bytes, bool locallyReady,
+                               std::unique_ptr<SymmetricWindow>* out) {
   std::unique_ptr<SymmetricWindow> created(new SymmetricWindow());
   created->comm_ = comm;
   const NcclRuntime& n = comm->nccl();
@@ -194,36 +149,59 @@ Result SymmetricWindow::create(std::shared_ptr<DeviceComm> comm, size_t bytes, s
   // The last 16 bytes hold a probe that proves every peer's copy is mapped here.
   const size_t total = registeredBytes(bytes);
   const size_t probeOffset = total - 16;
-  void* memory = nullptr;
-  UF_NCCL_CHECK(n.memAlloc(&memory, total), comm->comm());
-  created->local_ = static_cast<char*>(memory);
-  UF_CUDA_CHECK(cudaMemset(memory, 0, total));
-  int probeValue = comm->rank() + 1;
-  UF_CUDA_CHECK(cudaMemcpy(created->local_ + probeOffset, &probeValue, sizeof(probeValue), cudaMemcpyHostToDevice));
-  UF_NCCL_CHECK(n.windowRegister(comm->comm(), memory, total, &created->window_, NCCL_WIN_COLL_SYMMETRIC),
-                comm->comm());
-  UF_CHECK(hostBarrier(*comm));  // every rank's memory is zeroed, probed and registered
+  // This rank's memory (the largest allocation of an operation) before any rank registers.
+  auto prepare = [&]() -> Result {
+    void* memory = nullptr;
+    UF_NCCL_CHECK(n.memAlloc(&memory, total), comm->comm());
+    created->local_ = static_cast<char*>(memory);
+    UF_CUDA_CHECK(cudaMemset(memory, 0, total));
+    int probeValue = comm->rank() + 1;
+    UF_CUDA_CHECK(cudaMemcpy(created->local_ + probeOffset, &probeValue, sizeof(probeValue), cudaMemcpyHostToDevice));
+    return unifabSuccess;
+  };
+  const Result prepared = locallyReady ? prepare() : unifabInvalidArgument;
+  const Result allPrepared = agreeAcrossRanks(n, comm->comm(), "creating a symmetric window",
+                                              prepared == unifabSuccess);
+  if (prepared != unifabSuccess) return prepared;
+  UF_CHECK(allPrepared);
+  ncclResult_t registered =
+      n.windowRegister(comm->comm(), created->local_, total, &created->window_, NCCL_WIN_COLL_SYMMETRIC);
+  if (registered != ncclSuccess) {
+    created->window_ = nullptr;
+    UF_WARN(kExt, "ncclCommWindowRegister of %zu bytes failed: %s", total, n.getLastError(comm->comm()));
+  }
+  UF_CHECK(agreeAcrossRanks(n, comm->comm(), "registering a symmetric window", registered == ncclSuccess));
 
+  // Every rank's memory is zeroed, probed and registered: read the peers' copies.
   const int lsaSize = comm->lsaSize();
   std::vector<int> probes(lsaSize, 0);
   created->peerBases_.assign(lsaSize, nullptr);
-  cudaError_t copied = readPeerBases(created->window_, lsaSize, probeOffset, created->peerBases_.data(), probes.data());
-  if (copied != cudaSuccess) {
-    return UF_ERROR(unifabInvalidUsage, kExt,
-                    "reading the window of the LSA peers failed (%s): the communicator has no device-API support "
-                    "(symmetric windows need CUDA P2P between all local GPUs and NCCL_WIN_ENABLE=1)",
-                    cudaGetErrorString(copied));
-  }
-  int firstLsaWorld = comm->rank() - comm->lsaRank();
-  for (int peer = 0; peer < lsaSize; ++peer) {
-    if (probes[peer] != firstLsaWorld + peer + 1) {
+  auto checkPeers = [&]() -> Result {
+    cudaError_t copied =
+        readPeerBases(created->window_, lsaSize, probeOffset, created->peerBases_.data(), probes.data());
+    if (copied != cudaSuccess) {
       return UF_ERROR(unifabInvalidUsage, kExt,
-                      "LSA peer %d's window reads %d instead of %d: the communicator has no device-API support "
+                      "reading the window of the LSA peers failed (%s): the communicator has no device-API support "
                       "(symmetric windows need CUDA P2P between all local GPUs and NCCL_WIN_ENABLE=1)",
-                      peer, probes[peer], firstLsaWorld + peer + 1);
+                      cudaGetErrorString(copied));
     }
-  }
-  UF_CHECK(hostBarrier(*comm));  // nobody writes into a peer before all have checked the probes
+    int firstLsaWorld = comm->rank() - comm->lsaRank();
+    for (int peer = 0; peer < lsaSize; ++peer) {
+      if (probes[peer] != firstLsaWorld + peer + 1) {
+        return UF_ERROR(unifabInvalidUsage, kExt,
+                        "LSA peer %d's window reads %d instead of %d: the communicator has no device-API support "
+                        "(symmetric windows need CUDA P2P between all local GPUs and NCCL_WIN_ENABLE=1)",
+                        peer, probes[peer], firstLsaWorld + peer + 1);
+      }
+    }
+    return unifabSuccess;
+  };
+  // Nobody writes into a peer before all have checked the probes, and all learn if one failed.
+  const Result peersChecked = checkPeers();
+  const Result allChecked = agreeAcrossRanks(n, comm->comm(), "checking a symmetric window's peers",
+                                             peersChecked == unifabSuccess);
+  if (peersChecked != unifabSuccess) return peersChecked;
+  UF_CHECK(allChecked);
   UF_INFO(kExt, kLogAlloc, "symmetric window of %zu bytes registered on %d LSA peer(s)", total, lsaSize);
   *out = std::move(created);
   return unifabSuccess;

@@ -15,20 +15,6 @@ namespace unifab::collectives {
 // that a rank that fails here never leaves its peers waiting in NCCL.
 Result requireCommDevice(ncclComm_t comm);
 
-// The element-wise maximum of `values` over every rank of `comm`, in place (an NCCL all-reduce on
-// a private stream, waited for on the host): for setting memory up only.
-Result allRanksMax(const NcclRuntime& nccl, ncclComm_t comm, int64_t* values, size_t count);
-
-// The step every rank of a collective creation takes before any commits memory to it: each rank
-// brings whether its own checks passed and the `count` values (named by `names`) that must be the
-// same on every rank, and every rank gets the same answer. Success; unifabInvalidUsage naming the
-// first value the ranks disagree on (with its range); or unifabInvalidUsage saying another rank
-// refused (a rank whose own checks failed returns its own error instead). Without it a rank that
-// refused alone, or ranks sizing their windows differently, would leave peers waiting in NCCL
-// or reading past each other's memory.
-Result agreeAcrossRanks(const NcclRuntime& nccl, ncclComm_t comm, const char* operation, bool locallyValid,
-                        const int64_t* values, const char* const* names, size_t count);
-
 // The device communicator of one ncclComm_t (rank, size and the LSA team).
 class DeviceComm {
  public:
@@ -60,7 +46,12 @@ class DeviceComm {
 // base address of every LSA peer's copy as this GPU sees it.
 class SymmetricWindow {
  public:
-  static Result create(std::shared_ptr<DeviceComm> comm, size_t bytes, std::unique_ptr<SymmetricWindow>* out);
+  // Every rank calls it, `locallyReady` false where the caller's own preparation failed: the ranks
+  // agree (agreement.h) before registering, after it and after checking the peers' copies, so a
+  // rank that fails anywhere is refused with all the others instead of leaving them in NCCL. A
+  // rank that was not ready gets unifabInvalidArgument and returns its own error.
+  static Result create(std::shared_ptr<DeviceComm> comm, size_t bytes, bool locallyReady,
+                       std::unique_ptr<SymmetricWindow>* out);
   // What create(bytes) allocates and registers: the bytes, 16-aligned, then a 16-byte probe.
   static size_t registeredBytes(size_t bytes) { return (bytes + 15) / 16 * 16 + 16; }
   ~SymmetricWindow();

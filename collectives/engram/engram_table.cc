@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "collectives/common/agreement.h"
 #include "collectives/common/copy_engine.h"
 #include "collectives/common/cuda_check.h"
 #include "collectives/common/device_range.h"
@@ -35,9 +36,10 @@ Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& co
   if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
   const unifab::collectives::NcclRuntime* nccl = nullptr;
   UF_CHECK(unifab::collectives::ncclRuntime(&nccl));
-  UF_CHECK(unifab::collectives::requireCommDevice(comm));
   const bool sized = config.size >= sizeof(unifabEngramConfig_t);
   auto checkConfig = [&]() -> Result {
+    // A rank on the wrong current device takes part too (the agreement runs on the communicator's).
+    UF_CHECK(unifab::collectives::requireCommDevice(comm));
     if (!sized) {
       return UF_ERROR(unifabInvalidArgument, kExt,
                       "config->size=%zu, expected %zu: initialise it with UNIFAB_ENGRAM_CONFIG_INIT", config.size,
@@ -80,8 +82,8 @@ Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& co
   const size_t rowsBytes = static_cast<size_t>(config.rowsPerRank) * config.rowBytes;
   table->scalesOffset_ = rowsBytes;
   const size_t windowBytes = rowsBytes + (config.rowScales ? sizeof(float) * static_cast<size_t>(config.rowsPerRank) : 0);
-  // This rank's own resources first, and every rank learns whether every rank got them: a failure
-  // after the collective window creation would leave the peers alone in its collective teardown.
+  // This rank's own resources first; the window's creation (collective) learns whether every rank
+  // got them before any registers.
   unifab::collectives::DeviceGuard guard(dc.cudaDevice());
   auto allocateLocal = [&]() -> Result {
     UF_CUDA_CHECK(cudaStreamCreateWithFlags(&table->stream_, cudaStreamNonBlocking));
@@ -93,10 +95,10 @@ Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& co
     return unifabSuccess;
   };
   const Result allocated = allocateLocal();
-  UF_CHECK(unifab::collectives::agreeAcrossRanks(*nccl, comm, "unifabEngramCreate (memory)",
-                                                 allocated == unifabSuccess, nullptr, nullptr, 0));
+  const Result windowed = unifab::collectives::SymmetricWindow::create(table->comm_, windowBytes,
+                                                                       allocated == unifabSuccess, &table->window_);
   if (allocated != unifabSuccess) return allocated;
-  UF_CHECK(unifab::collectives::SymmetricWindow::create(table->comm_, windowBytes, &table->window_));
+  UF_CHECK(windowed);
   ken::TableView& v = table->view_;
   v.firstRank = dc.rank() - dc.lsaRank();
   v.peers = dc.lsaSize();

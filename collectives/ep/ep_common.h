@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "collectives/common/cuda_check.h"
+#include "collectives/common/device_range.h"
 
 namespace unifab::collectives::ep {
 
@@ -24,15 +25,11 @@ constexpr size_t kCarveAlign = 256;
 
 inline size_t alignUp(size_t value) { return (value + kCarveAlign - 1) / kCarveAlign * kCarveAlign; }
 
-inline bool aligned16(const void* pointer) { return (reinterpret_cast<uintptr_t>(pointer) & 15) == 0; }
-// Whether `pointer` is aligned for elements of `bytes` (a power of two): the kernels load them whole,
-// and a misaligned load faults the context, every peer then timing out.
-inline bool alignedTo(const void* pointer, size_t bytes) { return (reinterpret_cast<uintptr_t>(pointer) & (bytes - 1)) == 0; }
-// Whether [pointer, pointer + bytes) meets [begin, end).
-inline bool overlaps(const void* pointer, size_t bytes, const char* begin, const char* end) {
-  const char* first = static_cast<const char*>(pointer);
-  return pointer != nullptr && bytes > 0 && first < end && first + bytes > begin;
-}
+inline bool aligned16(const void* pointer) { return alignedTo(pointer, 16); }
+
+// unifabInvalidArgument unless top-k ids (of `idBytes`) and weights (floats; may be NULL) are
+// aligned to their elements, for both modes' dispatch.
+Result checkTopkAlignment(const void* topkIdx, size_t idBytes, const float* topkWeights);
 
 // Carves consecutive aligned arrays out of one allocation.
 class Carver {

@@ -8,6 +8,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "collectives/common/agreement.h"
 #include "collectives/common/cuda_check.h"
 #include "collectives/common/device_guard.h"
 #include "collectives/ep/ep_common.h"
@@ -188,7 +189,6 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   UF_CHECK(unifab::collectives::ncclRuntime(&nccl));
   int nRanks = 0;
   UF_NCCL_CHECK(nccl->commCount(comm, &nRanks), comm);
-  UF_CHECK(unifab::collectives::requireCommDevice(comm));
   // Every rank learns whether every rank's configuration was valid, and the same, before any
   // rank goes further: a rank that returned alone would leave its peers waiting in NCCL, and
   // windows sized differently would let peers write past each other's.
@@ -196,8 +196,11 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   const bool lowLatency = sized && config.mode == unifabEpLowLatency;
   kep::WindowLayout layout{};
   kep::LlLayout llLayout{};
-  const Result planned =
-      lowLatency ? planLowLatencyLayout(config, nRanks, &llLayout) : planLayout(config, nRanks, &layout);
+  // A rank on the wrong current device takes part too (the agreement runs on the communicator's).
+  const Result onDevice = unifab::collectives::requireCommDevice(comm);
+  const Result planned = onDevice != unifabSuccess ? onDevice
+                         : lowLatency           ? planLowLatencyLayout(config, nRanks, &llLayout)
+                                                : planLayout(config, nRanks, &layout);
   const int64_t shared[] = {sized ? rawEnum(config.mode) : -1, sized ? config.numExperts : -1,
                             sized ? config.maxTokensPerRank : -1, sized ? config.hidden : -1, sized ? config.topk : -1};
   static const char* const kSharedNames[] = {"mode", "numExperts", "maxTokensPerRank", "hidden", "topk"};
@@ -215,14 +218,17 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
                     "network path is not implemented yet)", dc.lsaSize(), dc.nRanks());
   }
   group->config_ = config;
-  // This rank's own memory comes first, and every rank learns whether every rank got its own,
-  // before the window (a collective to create and to destroy) binds them together.
-  const Result allocated = lowLatency ? group->initLowLatency(llLayout) : group->initHighThroughput(layout);
-  UF_CHECK(unifab::collectives::agreeAcrossRanks(*nccl, comm, "unifabEpCreate (memory)", allocated == unifabSuccess,
-                                                 nullptr, nullptr, 0));
+  // This rank's own memory comes first; the window's creation (collective) learns whether every
+  // rank got its own before any registers.
+  auto allocate = [&]() -> Result {
+    UF_CHECK(group->initDeviceState());
+    return lowLatency ? group->initLowLatency(llLayout) : group->initHighThroughput(layout);
+  };
+  const Result allocated = allocate();
+  const Result windowed = unifab::collectives::SymmetricWindow::create(
+      group->comm_, lowLatency ? llLayout.total : layout.total, allocated == unifabSuccess, &group->window_);
   if (allocated != unifabSuccess) return allocated;
-  UF_CHECK(unifab::collectives::SymmetricWindow::create(group->comm_, lowLatency ? llLayout.total : layout.total,
-                                                        &group->window_));
+  UF_CHECK(windowed);
   for (int r = 0; r < dc.nRanks(); ++r) {
     if (lowLatency) {
       group->llView_.peerBase[r] = group->window_->peerBases()[r];
@@ -233,8 +239,9 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   if (lowLatency) {
     UF_INFO(kExt, kLogInit,
             "EP low-latency group: %d ranks, %d experts (%d per rank), hidden %d, top-%d, %d tokens per rank; window "
-            "%zu MiB; up to %d SMs per call", dc.nRanks(), config.numExperts, config.numExperts / dc.nRanks(),
-            config.hidden, config.topk, config.maxTokensPerRank, llLayout.total >> 20, group->defaultSms_);
+            "%zu MiB, receive rows %zu per set; up to %d SMs per call", dc.nRanks(), config.numExperts,
+            config.numExperts / dc.nRanks(), config.hidden, config.topk, config.maxTokensPerRank, llLayout.total >> 20,
+            static_cast<size_t>(group->llView_.numLocalExperts) * group->llView_.expertStride, group->defaultSms_);
   } else {
     UF_INFO(kExt, kLogInit,
             "EP group: %d ranks, %d experts (%d per rank), hidden %d, top-%d, %d tokens per rank; window %zu MiB, "
@@ -246,14 +253,18 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   return unifabSuccess;
 }
 
+Result unifabEpGroup::initDeviceState() {
+  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&hostError_), sizeof(int), cudaHostAllocMapped));
+  *hostError_ = 0;
+  UF_CUDA_CHECK(cudaDeviceGetAttribute(&deviceSms_, cudaDevAttrMultiProcessorCount, comm_->cudaDevice()));
+  // validateSms keeps every call's block count at or below it.
+  deviceSms_ = std::min(deviceSms_, kep::kMaxBlocks);
+  return unifabSuccess;
+}
+
 Result unifabEpGroup::initHighThroughput(const kep::WindowLayout& layout) {
   const auto& dc = *comm_;
   const unifabEpConfig_t& config = config_;
-  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&hostError_), sizeof(int), cudaHostAllocMapped));
-  *hostError_ = 0;
-  UF_CUDA_CHECK(cudaDeviceGetAttribute(&deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
-  // validateSms keeps every call's block count at or below it.
-  deviceSms_ = std::min(deviceSms_, kep::kMaxBlocks);
 
   kep::GroupView& v = view_;
   v.rank = dc.rank();
@@ -309,6 +320,21 @@ Result unifabEpGroup::initHighThroughput(const kep::WindowLayout& layout) {
   if (config.maxSms > 0) defaultSms_ = std::min(defaultSms_, config.maxSms);
   return unifabSuccess;
 }
+
+namespace unifab::collectives::ep {
+
+Result checkTopkAlignment(const void* topkIdx, size_t idBytes, const float* topkWeights) {
+  if (topkIdx != nullptr && !alignedTo(topkIdx, idBytes)) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "topkIdx=%p must be aligned to its %zu-byte ids", topkIdx, idBytes);
+  }
+  if (topkWeights != nullptr && !alignedTo(topkWeights, sizeof(float))) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "topkWeights=%p must be aligned to 4 bytes (floats)",
+                    static_cast<const void*>(topkWeights));
+  }
+  return unifabSuccess;
+}
+
+}  // namespace unifab::collectives::ep
 
 namespace {
 
@@ -502,14 +528,8 @@ Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStre
   if (rawEnum(a.topkIdxType) != unifabEpIndexInt64 && rawEnum(a.topkIdxType) != unifabEpIndexInt32) {
     return UF_ERROR(unifabInvalidArgument, kExt, "topkIdxType=%d is neither int64 (0) nor int32 (1)", rawEnum(a.topkIdxType));
   }
-  const size_t idBytes = a.topkIdxType == unifabEpIndexInt32 ? 4 : 8;
-  if (a.topkIdx != nullptr && !unifab::collectives::ep::alignedTo(a.topkIdx, idBytes)) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "topkIdx=%p must be aligned to its %zu-byte ids", a.topkIdx, idBytes);
-  }
-  if (a.topkWeights != nullptr && !unifab::collectives::ep::alignedTo(a.topkWeights, sizeof(float))) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "topkWeights=%p must be aligned to 4 bytes (floats)",
-                    static_cast<const void*>(a.topkWeights));
-  }
+  UF_CHECK(unifab::collectives::ep::checkTopkAlignment(a.topkIdx, a.topkIdxType == unifabEpIndexInt32 ? 4 : 8,
+                                                        a.topkWeights));
   if (rawEnum(a.layout) != unifabEpRankMajor && rawEnum(a.layout) != unifabEpExpertMajor) {
     return UF_ERROR(unifabInvalidArgument, kExt, "layout=%d is neither rank-major (0) nor expert-major (1)", rawEnum(a.layout));
   }
@@ -668,7 +688,7 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
     return UF_ERROR(unifabInvalidArgument, kExt, "combinedX=%p must be a non-NULL device pointer aligned to 16 bytes",
                     a.combinedX);
   }
-  if (a.combinedWeights != nullptr && !unifab::collectives::ep::alignedTo(a.combinedWeights, sizeof(float))) {
+  if (a.combinedWeights != nullptr && !unifab::collectives::alignedTo(a.combinedWeights, sizeof(float))) {
     return UF_ERROR(unifabInvalidArgument, kExt, "combinedWeights=%p must be aligned to 4 bytes (floats)",
                     static_cast<const void*>(a.combinedWeights));
   }
@@ -692,15 +712,13 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
   // own outputs have no place anywhere in the window.
   const char* windowBegin = window_->localBase();
   const char* windowEnd = windowBegin + view_.layout.total;
-  // Whole ranges, not start addresses: the most rows the combine reads, and the most it writes.
-  using unifab::collectives::ep::overlaps;
-  const size_t rowBytes = static_cast<size_t>(config_.hidden) * 2;  // BF16
-  const size_t expertOutputBytes =
-      rowBytes * static_cast<size_t>(handle->layout == unifabEpExpertMajor ? expertRows_.capacity
-                                                                           : view_.layout.recvCapacity);
-  const size_t combinedXBytes = rowBytes * static_cast<size_t>(handle->numTokens);
+  // The outputs' whole ranges (they are exactly numTokens rows); the expert output only where it
+  // starts, since the rows it holds are known on the GPU alone and a bound would refuse a buffer
+  // that merely sits below the window.
+  using unifab::collectives::overlaps;
+  const size_t combinedXBytes = static_cast<size_t>(config_.hidden) * 2 * static_cast<size_t>(handle->numTokens);
   const size_t combinedWeightsBytes = sizeof(float) * static_cast<size_t>(handle->numTokens) * config_.topk;
-  if (!pull && overlaps(a.expertOutput, expertOutputBytes, windowBegin + view_.layout.combineX, windowEnd)) {
+  if (!pull && overlaps(a.expertOutput, 1, windowBegin + view_.layout.combineX, windowEnd)) {
     return UF_ERROR(unifabInvalidArgument, kExt,
                     "expertOutput=%p lies in the group's combine regions [%p, %p) but is not the combine input (%p) "
                     "itself: pass the combine input, or a buffer the peers do not write", a.expertOutput,

@@ -112,7 +112,9 @@ struct unifabEpGroup {
   // The tuner's split of `blocks` into blocks that write into peers and the others, unless
   // UNIFAB_EP_{DISPATCH,COMBINE}_SENDERS chooses it.
   int remoteBlocksFor(unifab::tuner::EpOp op, int blocks) const;
-  // This rank's own memory for the mode, before the window (whose peer bases create fills in).
+  // This rank's own memory, before the window (whose peer bases create fills in): the error word
+  // and SM count both modes use, then each mode's.
+  unifab::Result initDeviceState();
   unifab::Result initHighThroughput(const unifab::kernels::ep::WindowLayout& layout);
   unifab::Result initLowLatency(const unifab::kernels::ep::LlLayout& layout);
   unifab::Result validateLowLatencyDispatch(const unifabEpLowLatencyDispatchArgs_t& a, cudaStream_t stream,

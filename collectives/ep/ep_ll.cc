@@ -72,10 +72,6 @@ Result unifabEpGroup::windowBytes(const unifabEpConfig_t& config, int nRanks, si
 
 Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
   const auto& dc = *comm_;
-  UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&hostError_), sizeof(int), cudaHostAllocMapped));
-  *hostError_ = 0;
-  UF_CUDA_CHECK(cudaDeviceGetAttribute(&deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
-  deviceSms_ = std::min(deviceSms_, kep::kMaxBlocks);
   kep::LlView& v = llView_;
   v.rank = dc.rank();
   v.nRanks = dc.nRanks();
@@ -107,7 +103,6 @@ Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
     v.trace = unifab::params().epTrace ? carve.take<unsigned long long>(kep::kTraceWords) : nullptr;
   }));
   defaultSms_ = config_.maxSms > 0 ? std::min(config_.maxSms, deviceSms_) : deviceSms_;
-  UF_INFO(kExt, kLogInit, "EP low-latency group: receive rows %zu per set", expertRows);
   return unifabSuccess;
 }
 
@@ -154,14 +149,8 @@ Result unifabEpGroup::validateLowLatencyDispatch(const unifabEpLowLatencyDispatc
       return UF_ERROR(unifabInvalidArgument, kExt, "x=%p must be a non-NULL BF16 device pointer aligned to 16 bytes", a.x);
     }
     if (a.topkIdx == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "topkIdx=NULL with numTokens=%d", a.numTokens);
-    const size_t idBytes = a.topkIdxType == unifabEpIndexInt32 ? 4 : 8;
-    if (!unifab::collectives::ep::alignedTo(a.topkIdx, idBytes)) {
-      return UF_ERROR(unifabInvalidArgument, kExt, "topkIdx=%p must be aligned to its %zu-byte ids", a.topkIdx, idBytes);
-    }
-    if (a.topkWeights != nullptr && !unifab::collectives::ep::alignedTo(a.topkWeights, sizeof(float))) {
-      return UF_ERROR(unifabInvalidArgument, kExt, "topkWeights=%p must be aligned to 4 bytes (floats)",
-                      static_cast<const void*>(a.topkWeights));
-    }
+    UF_CHECK(unifab::collectives::ep::checkTopkAlignment(a.topkIdx, a.topkIdxType == unifabEpIndexInt32 ? 4 : 8,
+                                                          a.topkWeights));
   }
   // The two sets hold the latest two dispatches: a send that would reuse a set whose receive
   // phase never ran would leave that dispatch's receive waiting for overwritten data.

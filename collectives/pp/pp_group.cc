@@ -4,6 +4,7 @@
 #include <string>
 #include <thread>
 
+#include "collectives/common/agreement.h"
 #include "collectives/common/copy_engine.h"
 #include "collectives/common/cuda_check.h"
 #include "collectives/common/device_range.h"
@@ -171,12 +172,13 @@ Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t& config, un
   if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
   const unifab::collectives::NcclRuntime* nccl = nullptr;
   UF_CHECK(unifab::collectives::ncclRuntime(&nccl));
-  UF_CHECK(unifab::collectives::requireCommDevice(comm));
   const bool sized = config.size >= sizeof(unifabPpConfig_t);
   const size_t chunkBytes = !sized || config.chunkBytes == 0 ? pp::kDefaultChunkBytes : config.chunkBytes;
   const int slots = !sized || config.chunksInFlight == 0 ? pp::kDefaultSlots : config.chunksInFlight;
   const bool rendezvous = unifab::params().ppEngine == "rendezvous";
   auto checkConfig = [&]() -> Result {
+    // A rank on the wrong current device takes part too (the agreement runs on the communicator's).
+    UF_CHECK(unifab::collectives::requireCommDevice(comm));
     if (!sized) {
       return UF_ERROR(unifabInvalidArgument, kExt,
                       "config->size=%zu, expected %zu: initialise it with UNIFAB_PP_CONFIG_INIT", config.size,
@@ -217,8 +219,7 @@ Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t& config, un
   group->sentTo_.assign(group->lsaSize_, 0);
   group->receivedFrom_.assign(group->lsaSize_, 0);
   // This rank's own resources (stream memory operations, the watchdog, the inbox) before the
-  // collective window creation, and every rank learns whether every rank got them: a rank must
-  // not fail between the two.
+  // window, whose creation (collective) learns whether every rank got them.
   auto setUpLocal = [&]() -> Result {
     UF_CHECK(pp::streamOps(device, &group->ops_));
     group->watchdog_ = std::make_unique<pp::WaitWatchdog>(dc.cudaDevice(), unifab::params().ppTimeoutMs);
@@ -236,10 +237,10 @@ Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t& config, un
     return unifabSuccess;
   };
   const Result setUp = setUpLocal();
-  UF_CHECK(unifab::collectives::agreeAcrossRanks(*nccl, comm, "unifabPpCreate (memory)", setUp == unifabSuccess,
-                                                 nullptr, nullptr, 0));
+  const Result windowed =
+      unifab::collectives::SymmetricWindow::create(group->comm_, windowBytes, setUp == unifabSuccess, &group->window_);
   if (setUp != unifabSuccess) return setUp;
-  UF_CHECK(unifab::collectives::SymmetricWindow::create(group->comm_, windowBytes, &group->window_));
+  UF_CHECK(windowed);
   if (group->rendezvous_) UF_CHECK(group->setUpRendezvous());
   UF_INFO(kExt, kLogInit, "PP group: rank %d, %d NVLink peers, %s engine, %d slots of %zu KiB per peer (window %zu MiB)",
           dc.rank(), group->lsaSize_, group->rendezvous_ ? "rendezvous" : "slots", slots, chunkBytes >> 10,
@@ -293,21 +294,37 @@ size_t unifabPpGroup::namesOffset() const { return reachedOffset(0, 0, 1) + size
 Result unifabPpGroup::setUpRendezvous() {
   char name[pp::Inbox::kNameBytes] = {};
   snprintf(name, sizeof(name), "%s", myInbox_->name());
-  UF_CUDA_CHECK(cudaMemcpy(window_->localBase() + namesOffset() + pp::Inbox::kNameBytes * myIndex_, name, sizeof(name),
-                           cudaMemcpyHostToDevice));
-  UF_CHECK(comm_->barrier());
+  const Result published = [&]() -> Result {
+    UF_CUDA_CHECK(cudaMemcpy(window_->localBase() + namesOffset() + pp::Inbox::kNameBytes * myIndex_, name,
+                             sizeof(name), cudaMemcpyHostToDevice));
+    return unifabSuccess;
+  }();
+  const Result allPublished = unifab::collectives::agreeAcrossRanks(
+      comm_->nccl(), comm_->comm(), "unifabPpCreate (publishing the inboxes)", published == unifabSuccess);
+  if (published != unifabSuccess) return published;
+  UF_CHECK(allPublished);
   const std::string myProcess = pp::Inbox::processOf(myInbox_->name());
-  for (int p = 0; p < lsaSize_; ++p) {
-    if (p == myIndex_) continue;  // a rank's transfers to itself take the slots
-    char theirs[pp::Inbox::kNameBytes];
-    UF_CUDA_CHECK(cudaMemcpy(theirs, window_->peerBases()[p] + namesOffset() + pp::Inbox::kNameBytes * p, sizeof(theirs),
-                             cudaMemcpyDeviceToHost));
-    theirs[sizeof(theirs) - 1] = '\0';
-    RendezvousPeer& peer = rendezvousPeers_[p];
-    UF_CHECK(pp::Inbox::open(theirs, lsaSize_, &peer.inbox));
-    peer.sameProcess = pp::Inbox::processOf(theirs) == myProcess;
-  }
-  UF_CHECK(comm_->barrier());  // everybody has every inbox open: the names can go
+  auto openPeers = [&]() -> Result {
+    for (int p = 0; p < lsaSize_; ++p) {
+      if (p == myIndex_) continue;  // a rank's transfers to itself take the slots
+      char theirs[pp::Inbox::kNameBytes];
+      UF_CUDA_CHECK(cudaMemcpy(theirs, window_->peerBases()[p] + namesOffset() + pp::Inbox::kNameBytes * p,
+                               sizeof(theirs), cudaMemcpyDeviceToHost));
+      theirs[sizeof(theirs) - 1] = '\0';
+      RendezvousPeer& peer = rendezvousPeers_[p];
+      UF_CHECK(pp::Inbox::open(theirs, lsaSize_, &peer.inbox));
+      peer.sameProcess = pp::Inbox::processOf(theirs) == myProcess;
+    }
+    return unifabSuccess;
+  };
+  const Result opened = openPeers();
+  // Everybody has every inbox open, and the names can go; or a rank could not open one, and every
+  // rank learns it here instead of waiting for it.
+  const Result allOpened = unifab::collectives::agreeAcrossRanks(comm_->nccl(), comm_->comm(),
+                                                                 "unifabPpCreate (opening the peers' inboxes)",
+                                                                 opened == unifabSuccess);
+  if (opened != unifabSuccess) return opened;
+  UF_CHECK(allOpened);
   myInbox_->unlink();
   return unifabSuccess;
 }
