@@ -155,7 +155,7 @@ bool runRefusals(NcclSession& session, unifabPpGroup_t group, size_t chunk) {
   bad.chunkBytes = 1000;
   unifabPpGroup_t none = nullptr;
   check(unifabPpCreate(session.comm(), &bad, &none) == unifabInvalidArgument && none == nullptr,
-        "chunkBytes not a multiple of 16 is refused before any collective step");
+        "chunkBytes not a multiple of 16 is refused on every rank");
   return true;
 }
 
