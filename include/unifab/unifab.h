@@ -158,6 +158,7 @@ typedef struct {
   int hostNumRecvRows;             /* with hostCounts: */
   int hostRecvRowsPerExpert[1024]; /*   per local expert (up to 1024 local experts) */
 } unifabEpDispatchResult_t;
+#define UNIFAB_EP_DISPATCH_RESULT_INIT {sizeof(unifabEpDispatchResult_t)}
 
 typedef struct {
   size_t size;                     /* sizeof(unifabEpCombineArgs_t) */
@@ -246,6 +247,7 @@ typedef struct {
   int* recvCount;                  /* device [numLocalExperts], complete after the receive phase */
   int expertStride;                /* nRanks * maxTokensPerRank */
 } unifabEpLowLatencyDispatchResult_t;
+#define UNIFAB_EP_LL_DISPATCH_RESULT_INIT {sizeof(unifabEpLowLatencyDispatchResult_t)}
 
 typedef struct {
   size_t size;                     /* sizeof(unifabEpLowLatencyCombineArgs_t) */
