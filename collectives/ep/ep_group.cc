@@ -193,7 +193,7 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   // rank goes further: a rank that returned alone would leave its peers waiting in NCCL, and
   // windows sized differently would let peers write past each other's.
   const bool sized = config.size >= sizeof(unifabEpConfig_t);
-  const bool lowLatency = sized && config.mode == unifabEpLowLatency;
+  const bool lowLatency = sized && rawEnum(config.mode) == unifabEpLowLatency;  // any bit pattern may be there
   kep::WindowLayout layout{};
   kep::LlLayout llLayout{};
   // A rank on the wrong current device takes part too (the agreement runs on the communicator's).
