@@ -47,14 +47,7 @@ UNIFAB_API unifabResult_t unifabEngramFetchIssue(unifabEngramTable_t table, cons
 
 UNIFAB_API unifabResult_t unifabEngramWait(unifabEngramFetch_t fetch, cudaStream_t stream, int* smsUsed) {
   return guarded(LogComponent::kExt, "unifabEngramWait", [&] {
-    if (fetch == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "unifabEngramWait: fetch=NULL");
-    // Released only once `stream` waits for it: after a failed wait the caller still holds a fetch
-    // to wait for before it reuses the output.
-    UF_CUDA_CHECK(cudaStreamWaitEvent(stream, fetch->done, 0));
-    std::unique_ptr<unifabEngramFetch> owned(fetch);
-    if (smsUsed != nullptr) *smsUsed = owned->smsUsed;
-    UF_CUDA_CHECK(cudaEventDestroy(owned->done));  // released once the wait has used it
-    return unifabSuccess;
+    return unifabEngramTable::wait(fetch, stream, smsUsed);
   });
 }
 

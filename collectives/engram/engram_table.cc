@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
+#include <unordered_set>
 
 #include "collectives/common/agreement.h"
 #include "collectives/common/copy_engine.h"
@@ -30,6 +32,21 @@ constexpr size_t kMaxBatch = 4096;  // copies per cudaMemcpyBatchAsync call
 }  // namespace unifab::collectives::engram
 
 namespace engram = unifab::collectives::engram;
+
+namespace {
+
+// The fetches issued and not yet waited for. Never destroyed, so that a wait from another static's
+// destructor at exit still finds them.
+std::mutex& liveFetchesMutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::unordered_set<const unifabEngramFetch*>& liveFetches() {
+  static auto* fetches = new std::unordered_set<const unifabEngramFetch*>;
+  return *fetches;
+}
+
+}  // namespace
 
 Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& config, unifabEngramTable** out) {
   // Only what makes a collective step impossible returns before the first one.
@@ -313,7 +330,34 @@ Result unifabEngramTable::issue(const unifabEngramFetchArgs_t& a, cudaStream_t s
   }
   UF_CUDA_CHECK(cudaEventCreateWithFlags(&made->done, cudaEventDisableTiming));
   UF_CUDA_CHECK(cudaEventRecord(made->done, stream_));
+  {
+    std::lock_guard<std::mutex> live(liveFetchesMutex());
+    liveFetches().insert(made.get());
+  }
   *fetch = made.release();
+  return unifabSuccess;
+}
+
+Result unifabEngramTable::wait(unifabEngramFetch* fetch, cudaStream_t stream, int* smsUsed) {
+  if (fetch == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "unifabEngramWait: fetch=NULL");
+  {
+    std::lock_guard<std::mutex> live(liveFetchesMutex());
+    if (liveFetches().count(fetch) == 0) {
+      return UF_ERROR(unifabInvalidArgument, kExt,
+                      "unifabEngramWait: fetch=%p is not a pending fetch (waited for already, or not from "
+                      "unifabEngramFetchIssue)", static_cast<void*>(fetch));
+    }
+  }
+  // Released only once `stream` waits for it: after a failed wait the caller still holds a fetch
+  // to wait for before it reuses the output.
+  UF_CUDA_CHECK(cudaStreamWaitEvent(stream, fetch->done, 0));
+  {
+    std::lock_guard<std::mutex> live(liveFetchesMutex());
+    liveFetches().erase(fetch);
+  }
+  std::unique_ptr<unifabEngramFetch> owned(fetch);
+  if (smsUsed != nullptr) *smsUsed = owned->smsUsed;
+  UF_CUDA_CHECK(cudaEventDestroy(owned->done));  // released once the wait has used it
   return unifabSuccess;
 }
 

@@ -24,6 +24,10 @@ struct unifabEngramTable {
 
   unifab::Result write(int64_t firstRow, int64_t numRows, const void* rows, const float* scales, cudaStream_t stream);
   unifab::Result issue(const unifabEngramFetchArgs_t& args, cudaStream_t stream, unifabEngramFetch** fetch);
+  // Makes `stream` wait for `fetch` and releases it. A fetch waited for already (or not from
+  // issue) is refused instead of read after its free; after a failed wait the caller still holds
+  // it. (An address a newer fetch reuses passes.)
+  static unifab::Result wait(unifabEngramFetch* fetch, cudaStream_t stream, int* smsUsed);
   unifab::Result asyncError() const;
 
  private:

@@ -348,6 +348,10 @@ std::unordered_set<uint64_t>& liveGroups() {
   static auto* ids = new std::unordered_set<uint64_t>;
   return *ids;
 }
+std::unordered_set<const unifabEpHandle*>& liveHandles() {  // under liveGroupsMutex
+  static auto* handles = new std::unordered_set<const unifabEpHandle*>;
+  return *handles;
+}
 
 }  // namespace
 
@@ -364,8 +368,28 @@ bool unifabEpGroup::alive(uint64_t id) {
   return liveGroups().count(id) != 0;
 }
 
+void unifabEpGroup::rememberHandle(const unifabEpHandle* handle) {
+  std::lock_guard<std::mutex> lock(liveGroupsMutex());
+  liveHandles().insert(handle);
+}
+
+bool unifabEpGroup::isLiveHandle(const unifabEpHandle* handle) {
+  std::lock_guard<std::mutex> lock(liveGroupsMutex());
+  return liveHandles().count(handle) != 0;
+}
+
+bool unifabEpGroup::forgetHandle(const unifabEpHandle* handle) {
+  std::lock_guard<std::mutex> lock(liveGroupsMutex());
+  return liveHandles().erase(handle) != 0;
+}
+
 Result unifabEpGroup::destroyHandle(unifabEpHandle* handle) {
-  if (handle != nullptr && handle->lowLatency && alive(handle->groupId)) {
+  if (handle == nullptr) return unifabSuccess;
+  if (!isLiveHandle(handle)) {
+    return UF_ERROR(unifabInvalidArgument, kExt,
+                    "handle=%p is not a live handle: destroyed already, or not from a dispatch", static_cast<void*>(handle));
+  }
+  if (handle->lowLatency && alive(handle->groupId)) {
     if (handle->sent && !handle->received) {
       return UF_ERROR(unifabInvalidUsage, kExt,
                       "the handle's low-latency dispatch (#%llu) awaits its receive phase, which every later receive "
@@ -379,6 +403,7 @@ Result unifabEpGroup::destroyHandle(unifabEpHandle* handle) {
                       static_cast<unsigned long long>(handle->combineSequence));
     }
   }
+  forgetHandle(handle);
   delete handle;
   return unifabSuccess;
 }
@@ -546,6 +571,10 @@ Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStre
   }
   if (a.cachedHandle != nullptr) {
     const unifabEpHandle* h = a.cachedHandle;
+    if (!isLiveHandle(h)) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "cachedHandle=%p is not a live handle (destroyed, or not from a "
+                      "dispatch)", static_cast<const void*>(h));
+    }
     if (h->groupId != id_ || h->dispatchSequence == 0) {
       return UF_ERROR(unifabInvalidArgument, kExt, "cachedHandle does not come from a dispatch on this group");
     }
@@ -655,8 +684,12 @@ Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t str
     out->hostNumRecvRows = hostCounts_[0];
     for (int e = 0; e < view_.numLocalExperts; ++e) out->hostRecvRowsPerExpert[e] = hostCounts_[1 + e];
   }
-  if (created) *handleOut = created.release();
-  else *handleOut = handle;
+  if (created) {
+    rememberHandle(created.get());
+    *handleOut = created.release();
+  } else {
+    *handleOut = handle;
+  }
   return unifabSuccess;
 }
 
@@ -665,7 +698,7 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
     return UF_ERROR(unifabInvalidUsage, kExt, "the group was created for low latency: use unifabEpLowLatencyCombine");
   }
   UF_CHECK(asyncError());
-  if (handle == nullptr || handle->groupId != id_ || handle->dispatchSequence == 0) {
+  if (handle == nullptr || !isLiveHandle(handle) || handle->groupId != id_ || handle->dispatchSequence == 0) {
     return UF_ERROR(unifabInvalidArgument, kExt, "handle does not come from a dispatch on this group");
   }
   if (handle->dispatchSequence != dispatchCount_) {

@@ -138,6 +138,12 @@ struct unifabEpGroup {
   const uint64_t id_ = nextGroupId();  // what handles name this group by (unifabEpHandle::groupId)
   static uint64_t nextGroupId();
   static bool alive(uint64_t id);  // a group with this id exists (created, not yet destroyed)
+  // The handles dispatches have handed out and nobody destroyed yet: a destroyed handle passed
+  // again (destroyed twice, or used after its destroy) is refused instead of read after its free.
+  // (An address a newer handle reuses passes; its group and sequence checks still apply.)
+  static void rememberHandle(const unifabEpHandle* handle);
+  static bool isLiveHandle(const unifabEpHandle* handle);
+  static bool forgetHandle(const unifabEpHandle* handle);
 
   // Low-latency mode: the kernels' view, and the phases issued so far (the n-th send uses buffer
   // set n % 2; receive phases complete sends in their order).

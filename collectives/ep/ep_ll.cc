@@ -120,7 +120,8 @@ Result unifabEpGroup::validateLowLatencyDispatch(const unifabEpLowLatencyDispatc
   bool capturing = false;
   UF_CHECK(checkStream(stream, &capturing));
   if (a.phase == unifabEpReceiveOnly) {
-    if (receiving == nullptr || receiving->groupId != id_ || !receiving->lowLatency || !receiving->sent ||
+    if (receiving == nullptr || !isLiveHandle(receiving) || receiving->groupId != id_ || !receiving->lowLatency ||
+        !receiving->sent ||
         receiving->received) {
       return UF_ERROR(unifabInvalidArgument, kExt,
                       "a receive-only dispatch needs *handle from a send-only low-latency dispatch on this group whose "
@@ -232,7 +233,10 @@ Result unifabEpGroup::lowLatencyDispatch(const unifabEpLowLatencyDispatchArgs_t&
     out->recvCount = set.recvCount;
     out->expertStride = v.expertStride;
   }
-  if (created) *handleOut = created.release();
+  if (created) {
+    rememberHandle(created.get());
+    *handleOut = created.release();
+  }
   return unifabSuccess;
 }
 
@@ -247,7 +251,7 @@ Result unifabEpGroup::lowLatencyCombine(unifabEpHandle* h, const unifabEpLowLate
                     "args->size=%zu, expected %zu: initialise it with UNIFAB_EP_LL_COMBINE_ARGS_INIT", a.size,
                     sizeof(unifabEpLowLatencyCombineArgs_t));
   }
-  if (h == nullptr || h->groupId != id_ || !h->lowLatency) {
+  if (h == nullptr || !isLiveHandle(h) || h->groupId != id_ || !h->lowLatency) {
     return UF_ERROR(unifabInvalidArgument, kExt, "handle does not come from a low-latency dispatch on this group");
   }
   if (!validPhase(rawEnum(a.phase))) {

@@ -200,7 +200,8 @@ UNIFAB_API unifabResult_t unifabEpCombineInputBuffer(unifabEpGroup_t group, void
 /* Frees a handle; it may outlive its group. A low-latency handle whose dispatch or combine was
  * sent and awaits its receive phase is refused (unifabInvalidUsage) while its group lives: the
  * group's later receive phases follow that one. A send is likewise refused while a sent combine
- * awaits its receive and the send would reuse that dispatch's buffer set. */
+ * awaits its receive and the send would reuse that dispatch's buffer set. A handle destroyed
+ * already is refused (unifabInvalidArgument), here and in every call that takes a handle. */
 UNIFAB_API unifabResult_t unifabEpHandleDestroy(unifabEpHandle_t handle);
 
 /* ---- Low-latency mode (a group created with mode = unifabEpLowLatency) -------------------------
@@ -399,7 +400,8 @@ UNIFAB_API unifabResult_t unifabEngramFetchIssue(unifabEngramTable_t table, cons
                                                  cudaStream_t stream, unifabEngramFetch_t* fetch);
 /* Makes `stream` wait for the fetch's rows and releases the fetch. *smsUsed (may be NULL)
  * receives the SMs the fetch held: 0 for the copy engine. When the wait cannot be made (an invalid
- * stream), the error is returned and the fetch is kept, to be waited for again. */
+ * stream), the error is returned and the fetch is kept, to be waited for again. A fetch waited
+ * for already is refused (unifabInvalidArgument). */
 UNIFAB_API unifabResult_t unifabEngramWait(unifabEngramFetch_t fetch, cudaStream_t stream, int* smsUsed);
 /* unifabInvalidArgument when a gather kernel met a row id out of range (its row was zeroed), else
  * unifabSuccess. Does not synchronise. The error stays: from then on the table's writes and fetch

@@ -266,6 +266,9 @@ bool runTable(NcclSession& session, size_t rowBytes, bool scales) {
   args.engine = unifabEngramSmGather;
   TEST_UNIFAB_CHECK(unifabEngramFetchIssue(t.handle, &args, session.stream(), &fetch));
   TEST_UNIFAB_CHECK(unifabEngramWait(fetch, session.stream(), nullptr));
+  check(unifabEngramWait(fetch, session.stream(), nullptr) == unifabInvalidArgument &&
+            strstr(unifabGetLastError(), "not a pending fetch") != nullptr,
+        name + ": a fetch waited for twice is refused");
   TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
   check(unifabEngramGetAsyncError(t.handle) == unifabInvalidArgument, name + ": the kernel reports an id outside");
   std::vector<uint8_t> zeroed(rowBytes, 1);

@@ -195,6 +195,10 @@ bool run(NcclSession& session) {
   check(unifabEpGetAsyncError(group) == unifabSuccess, "dispatch and combine after refusals succeed on the GPU");
   TEST_UNIFAB_CHECK(unifabEpHandleDestroy(again));
   TEST_UNIFAB_CHECK(unifabEpHandleDestroy(handle));
+  // A destroyed handle is refused, not read after its free: destroyed again, or combined.
+  expectError(unifabEpHandleDestroy(handle), unifabInvalidArgument, "not a live handle", "a handle destroyed twice");
+  expectError(unifabEpCombine(group, handle, &cgood, stream), unifabInvalidArgument, "handle",
+              "a combine with a destroyed handle");
 
   // The combine input holds rank-major rows: an expert-major dispatch cannot combine from it.
   void* combineInput = nullptr;
