@@ -157,6 +157,9 @@ Result SymmetricWindow::create(std::shared_ptr<DeviceComm> comm, size_t bytes, b
     UF_CUDA_CHECK(cudaMemset(memory, 0, total));
     int probeValue = comm->rank() + 1;
     UF_CUDA_CHECK(cudaMemcpy(created->local_ + probeOffset, &probeValue, sizeof(probeValue), cudaMemcpyHostToDevice));
+    // Both may still be in flight on the legacy stream, which the agreement's stream does not
+    // follow: the peers read them after it.
+    UF_CUDA_CHECK(cudaDeviceSynchronize());
     return unifabSuccess;
   };
   const Result prepared = locallyReady ? prepare() : unifabInvalidArgument;
@@ -170,7 +173,16 @@ Result SymmetricWindow::create(std::shared_ptr<DeviceComm> comm, size_t bytes, b
     created->window_ = nullptr;
     UF_WARN(kExt, "ncclCommWindowRegister of %zu bytes failed: %s", total, n.getLastError(comm->comm()));
   }
-  UF_CHECK(agreeAcrossRanks(n, comm->comm(), "registering a symmetric window", registered == ncclSuccess));
+  const Result allRegistered =
+      agreeAcrossRanks(n, comm->comm(), "registering a symmetric window", registered == ncclSuccess);
+  if (allRegistered != unifabSuccess && registered == ncclSuccess) {
+    // Deregistering is collective and the rank that failed will not join it: the registration and
+    // its memory are left behind rather than this rank waiting for it forever.
+    UF_WARN(kExt, "a symmetric window of %zu bytes stays registered: another rank's registration failed", total);
+    created->window_ = nullptr;
+    created->local_ = nullptr;
+  }
+  UF_CHECK(allRegistered);
 
   // Every rank's memory is zeroed, probed and registered: read the peers' copies.
   const int lsaSize = comm->lsaSize();

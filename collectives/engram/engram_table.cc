@@ -109,6 +109,7 @@ Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& co
     UF_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&table->hostError_), sizeof(int), cudaHostAllocMapped));
     *table->hostError_ = 0;
     UF_CUDA_CHECK(cudaDeviceGetAttribute(&table->deviceSms_, cudaDevAttrMultiProcessorCount, dc.cudaDevice()));
+    UF_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table->view_.hostError), table->hostError_, 0));
     return unifabSuccess;
   };
   const Result allocated = allocateLocal();
@@ -126,7 +127,6 @@ Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& co
     v.scales[p] = config.rowScales ? reinterpret_cast<float*>(v.rows[p] + table->scalesOffset_) : nullptr;
   }
   v.error = static_cast<int*>(table->deviceMemory_);
-  UF_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&v.hostError), table->hostError_, 0));
   UF_INFO(kExt, kLogInit, "Engram table: rank %d, %lld rows of %zu B per rank%s over %d NVLink peers (%zu MiB here)",
           dc.rank(), static_cast<long long>(config.rowsPerRank), config.rowBytes, config.rowScales ? " with scales" : "",
           v.peers, windowBytes >> 20);
@@ -341,8 +341,9 @@ Result unifabEngramTable::issue(const unifabEngramFetchArgs_t& a, cudaStream_t s
 Result unifabEngramTable::wait(unifabEngramFetch* fetch, cudaStream_t stream, int* smsUsed) {
   if (fetch == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "unifabEngramWait: fetch=NULL");
   {
+    // Claimed here, so that of two threads waiting on one fetch only one goes on.
     std::lock_guard<std::mutex> live(liveFetchesMutex());
-    if (liveFetches().count(fetch) == 0) {
+    if (liveFetches().erase(fetch) == 0) {
       return UF_ERROR(unifabInvalidArgument, kExt,
                       "unifabEngramWait: fetch=%p is not a pending fetch (waited for already, or not from "
                       "unifabEngramFetchIssue)", static_cast<void*>(fetch));
@@ -350,11 +351,12 @@ Result unifabEngramTable::wait(unifabEngramFetch* fetch, cudaStream_t stream, in
   }
   // Released only once `stream` waits for it: after a failed wait the caller still holds a fetch
   // to wait for before it reuses the output.
-  UF_CUDA_CHECK(cudaStreamWaitEvent(stream, fetch->done, 0));
-  {
+  const cudaError_t waited = cudaStreamWaitEvent(stream, fetch->done, 0);
+  if (waited != cudaSuccess) {
     std::lock_guard<std::mutex> live(liveFetchesMutex());
-    liveFetches().erase(fetch);
+    liveFetches().insert(fetch);
   }
+  UF_CUDA_CHECK(waited);
   std::unique_ptr<unifabEngramFetch> owned(fetch);
   if (smsUsed != nullptr) *smsUsed = owned->smsUsed;
   UF_CUDA_CHECK(cudaEventDestroy(owned->done));  // released once the wait has used it

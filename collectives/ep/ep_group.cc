@@ -403,7 +403,11 @@ Result unifabEpGroup::destroyHandle(unifabEpHandle* handle) {
                       static_cast<unsigned long long>(handle->combineSequence));
     }
   }
-  forgetHandle(handle);
+  // Of two threads destroying one handle, only the one that takes it out of the live set frees it.
+  if (!forgetHandle(handle)) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "handle=%p was destroyed meanwhile by another call",
+                    static_cast<void*>(handle));
+  }
   delete handle;
   return unifabSuccess;
 }

@@ -297,6 +297,7 @@ Result unifabPpGroup::setUpRendezvous() {
   const Result published = [&]() -> Result {
     UF_CUDA_CHECK(cudaMemcpy(window_->localBase() + namesOffset() + pp::Inbox::kNameBytes * myIndex_, name,
                              sizeof(name), cudaMemcpyHostToDevice));
+    UF_CUDA_CHECK(cudaDeviceSynchronize());  // landed before the peers read it, after the agreement
     return unifabSuccess;
   }();
   const Result allPublished = unifab::collectives::agreeAcrossRanks(
