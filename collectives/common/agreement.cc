@@ -33,24 +33,29 @@ Result allRanksMax(const NcclRuntime& nccl, ncclComm_t comm, int64_t* values, si
   return result;
 }
 
-Result agreeAcrossRanks(const NcclRuntime& nccl, ncclComm_t comm, const char* operation, bool locallyValid,
-                        const int64_t* values, const char* const* names, size_t count) {
-  // One all-reduce of the maxima, the complements (their maximum is the minimum's complement,
-  // with no overflow at INT64_MIN) and a refusal flag.
+std::vector<int64_t> agreementWords(bool locallyValid, const int64_t* values, size_t count) {
+  // The complements' maximum is the minimum's complement, with no overflow at INT64_MIN.
   std::vector<int64_t> words(2 * count + 1);
   for (size_t i = 0; i < count; ++i) {
     words[i] = values[i];
     words[count + i] = ~values[i];
   }
   words[2 * count] = locallyValid ? 0 : 1;
-  UF_CHECK(allRanksMax(nccl, comm, words.data(), words.size()));
-  if (words[2 * count] != 0) {
+  return words;
+}
+
+Result agreementVerdict(const char* operation, bool locallyValid, const int64_t* values, const char* const* names,
+                        size_t count, const std::vector<int64_t>& maxima) {
+  if (maxima.size() != 2 * count + 1) {
+    return UF_ERROR(unifabInternalError, kExt, "%s: %zu agreement words for %zu values", operation, maxima.size(), count);
+  }
+  if (maxima[2 * count] != 0) {
     if (!locallyValid) return unifabInvalidArgument;  // the caller returns its own, logged error
     return UF_ERROR(unifabInvalidUsage, kExt, "%s: another rank refused its arguments (its log says why); this rank "
                     "refuses too", operation);
   }
   for (size_t i = 0; i < count; ++i) {
-    const int64_t highest = words[i], lowest = ~words[count + i];
+    const int64_t highest = maxima[i], lowest = ~maxima[count + i];
     if (lowest != highest) {
       return UF_ERROR(unifabInvalidUsage, kExt,
                       "%s: the ranks disagree on %s (this rank %lld; across ranks %lld..%lld); every rank must pass "
@@ -59,6 +64,13 @@ Result agreeAcrossRanks(const NcclRuntime& nccl, ncclComm_t comm, const char* op
     }
   }
   return unifabSuccess;
+}
+
+Result agreeAcrossRanks(const NcclRuntime& nccl, ncclComm_t comm, const char* operation, bool locallyValid,
+                        const int64_t* values, const char* const* names, size_t count) {
+  std::vector<int64_t> words = agreementWords(locallyValid, values, count);
+  UF_CHECK(allRanksMax(nccl, comm, words.data(), words.size()));
+  return agreementVerdict(operation, locallyValid, values, names, count, words);
 }
 
 }  // namespace unifab::collectives

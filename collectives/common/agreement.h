@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "collectives/common/nccl_runtime.h"
 
@@ -21,5 +22,12 @@ Result allRanksMax(const NcclRuntime& nccl, ncclComm_t comm, int64_t* values, si
 // return its own, already logged, error instead.
 Result agreeAcrossRanks(const NcclRuntime& nccl, ncclComm_t comm, const char* operation, bool locallyValid,
                         const int64_t* values = nullptr, const char* const* names = nullptr, size_t count = 0);
+
+// The two halves of agreeAcrossRanks around its all-reduce, apart so that they can be tested
+// without NCCL: the words a rank contributes (values, their complements, a refusal flag), and the
+// rank's verdict from the element-wise maxima over all ranks' words.
+std::vector<int64_t> agreementWords(bool locallyValid, const int64_t* values, size_t count);
+Result agreementVerdict(const char* operation, bool locallyValid, const int64_t* values, const char* const* names,
+                        size_t count, const std::vector<int64_t>& maxima);
 
 }  // namespace unifab::collectives
