@@ -63,7 +63,7 @@ bool Tuner::applyRule(int collective, size_t bytes, int numPipeOps, int regBuff,
       continue;
     }
     table[rule.algorithm * numProtocols + rule.protocol] = 0.0f;
-    if (rule.channels > 0 && channels != nullptr) *channels = std::min(rule.channels, kNcclMaxChannels);
+    if (rule.channels > 0 && channels != nullptr) *channels = rule.channels;  // 1..kNcclMaxChannels (rules.cc)
     UF_TRACE(kTuner, kLogTuning, "comm 0x%" PRIx64 ": %s %zu bytes -> %s/%s by rule at line %d", commId_,
              collectiveName(collective), bytes, algorithmName(rule.algorithm), protocolName(rule.protocol), rule.line);
     return true;

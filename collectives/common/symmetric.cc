@@ -28,12 +28,6 @@ struct RegistryEntry {
 std::mutex g_registryMutex;
 std::map<ncclComm_t, std::shared_ptr<RegistryEntry>> g_registry;
 
-// A blocking all-rank barrier on the communicator, used only while setting memory up.
-Result hostBarrier(const DeviceComm& comm) {
-  int64_t word = 0;
-  return allRanksMax(comm.nccl(), comm.comm(), &word, 1);
-}
-
 // Every LSA peer's window base as this GPU addresses it, and the probe word read through it. A
 // private stream keeps the application's streams out of it; one allocation holds both arrays.
 cudaError_t readPeerBases(ncclWindow_t window, int lsaSize, size_t probeOffset, char** bases, int* probes) {
@@ -123,8 +117,6 @@ Result DeviceComm::acquire(ncclComm_t comm, std::shared_ptr<DeviceComm>* out) {
   *out = std::move(created);
   return unifabSuccess;
 }
-
-Result DeviceComm::barrier() const { return hostBarrier(*this); }
 
 DeviceComm::~DeviceComm() {
   if (comm_ == nullptr) return;

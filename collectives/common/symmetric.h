@@ -31,8 +31,6 @@ class DeviceComm {
   int lsaSize() const { return devComm_.lsaSize; }
   int cudaDevice() const { return cudaDevice_; }
   const NcclRuntime& nccl() const { return *nccl_; }
-  // Blocks until every rank has called it (an NCCL all-reduce of one word): for setup only.
-  Result barrier() const;
 
  private:
   DeviceComm() = default;
