@@ -383,9 +383,14 @@ int runTuneSweep(Args& args, const char* self) {
       test::bufferCounts(collective, bytes, gpus, &sendCount, &recvCount);
       return test::ncclCallCount(collective, sendCount, recvCount) * sizeof(float);
     };
+    // What NCCL ran for every configuration's calls, from repetition 1's logs.
+    std::map<std::string, std::map<size_t, std::string>> choices;  // label -> NCCL bytes -> choice
+    for (const Config& config : configs) {
+      choices[config.label] = ncclChoices(logPrefix(out, op, net, config.label, "check"), op);
+    }
     for (const Config& config : configs) {
       if (!config.forced || samples.count(config.label) == 0) continue;
-      const std::map<size_t, std::string> ran = ncclChoices(logPrefix(out, op, net, config.label, "check"), op);
+      const std::map<size_t, std::string>& ran = choices[config.label];
       if (ran.empty()) {
         printf("# %s %s: NCCL logged no choice (repetition 1 failed, or this NCCL logs none); kept as named\n",
                op.c_str(), config.label.c_str());
@@ -426,10 +431,6 @@ int runTuneSweep(Args& args, const char* self) {
     printf("# %12s %-20s %10s %10s %8s %10s %8s %10s %8s %10s %8s %5s %-16s %8s %8s %s\n", "bytes", "best", "best(us)",
            "tuner(us)", "gap", "default", "gap", "tuner+b", "gap", "default+b", "gap", "same", "best@default",
            "(us)", "tuner", "=");
-    std::map<std::string, std::map<size_t, std::string>> choices;  // label -> NCCL bytes -> choice
-    for (const Config& config : configs) {
-      choices[config.label] = ncclChoices(logPrefix(out, op, net, config.label, "check"), op);
-    }
     auto alike = [&](const std::string& a, const std::string& b, size_t bytes) {
       auto first = choices[a].find(ncclBytes(bytes)), second = choices[b].find(ncclBytes(bytes));
       if (first == choices[a].end() || second == choices[b].end()) return '?';
