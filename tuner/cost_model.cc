@@ -101,6 +101,8 @@ double CostModel::estimateUs(int collective, int algorithm, int protocol, size_t
   double alpha = latency_.base[algorithm][protocol] / std::max(1, numPipeOps) +
                  p.intraHops * latency_.hop[kLinkNvlink][algorithm][protocol] +
                  p.interHops * latency_.hop[kLinkNet][algorithm][protocol];
+  // Measured inside one NVLink node only; across nodes the network's own hops dominate Simple's.
+  if (protocol == kSimple && p.intraHops > 0 && p.interHops == 0) alpha += constants_.nvlinkSimpleStartUs;
   double bandwidth = bottleneckGBps() * constants_.protocolEfficiency[protocol] * p.efficiency;
   // NCCL's llMaxBws caps LL where the pattern crosses the network. Inside an NVLink domain LL is
   // bound by its payload fraction of the link (protocolEfficiency) instead: NCCL's Hopper cap

@@ -44,6 +44,14 @@ struct ModelConstants {
   double linkEfficiency = 0.8;       // achievable fraction of nominal link bandwidth
   double treeEfficiency = 0.9;       // tree pipelines up and down the same links
   double patEfficiency = 0.85;       // PAT's log-step exchange of growing blocks
+  // Simple starts later than NCCL's latency constants say, relative to LL, where a pattern stays
+  // on NVLink: fits of the graph-timed 2 x H200 sweep (docs/benchmarks/tuner.md, sixth run) give
+  // Simple's start minus LL's as 3.3 us (broadcast), 6.1 (all-gather) and 5.7 (all-reduce) more
+  // than the constants; with 3 us added the model's LL/Simple crossovers land within 5 % of the
+  // fitted ones for all three (2.7 against 2.6 MB, 5.5 against 5.6, 3.7 against 3.9), while
+  // all-gather's and all-reduce's larger excess is LL's slower two-way rate, which the model's
+  // single link rate leaves out. Without it broadcast 2 MiB ran Simple, 8.8 % behind LL.
+  double nvlinkSimpleStartUs = 3.0;
   // Over unifab's sockets each channel is a connection of its own, with per-message costs in
   // NCCL's proxy and the transport: a channel earns its place once it carries this much of a
   // rank's wire bytes. Measured (docs/benchmarks/tuner.md, fifth run): 2 channels beat 8 by up to
