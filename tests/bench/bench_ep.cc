@@ -203,6 +203,12 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
         printf("  %-30s %10.1f %12.1f %12.1f\n", "  split 8, masked rounds", ceiling.smSplit8PredicatedUs,
                dispatchBytes / (ceiling.smSplit8PredicatedUs * 1e3), remoteDispatchBytes / (ceiling.smSplit8PredicatedUs * 1e3));
       }
+      for (const CopyCeiling::Variant& v : ceiling.variants) {
+        const std::string label = std::string("  ") + v.name;
+        char deepEp[32] = "-";
+        if (!v.remoteOnly) snprintf(deepEp, sizeof deepEp, "%.1f", dispatchBytes / (v.us * 1e3));
+        printf("  %-30s %10.1f %12s %12.1f\n", label.c_str(), v.us, deepEp, remoteDispatchBytes / (v.us * 1e3));
+      }
       for (const CopyCeiling::Split& split : ceiling.splits) {
         const std::string label = "  split " + std::to_string(split.remoteBlocks) + " remote SMs";
         printf("  %-30s %10.1f %12.1f %12.1f\n", label.c_str(), split.us, dispatchBytes / (split.us * 1e3),

@@ -1,8 +1,10 @@
 #include "tests/bench/copy_ceiling.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
+#include "kernels/common/bulk_copy.cuh"
 #include "tests/bench/bench_common.h"
 #include "tests/bench/peer_buffer.h"
 
@@ -77,6 +79,112 @@ __global__ void __launch_bounds__(kThreads) copyRowsKernel(const int4* src, int4
   }
 }
 
+// The rows of one side (remote or local) of a split grid, cut into pieces: unit u is piece
+// u % pieces of row u / pieces. Blocks [0, remoteBlocks) copy to the peer, the rest locally.
+struct SplitUnits {
+  bool remote;
+  long first, stride, units;
+  int pieces, pieceVectors;
+};
+
+__device__ __forceinline__ SplitUnits splitUnits(long remoteRows, long localRows, int rowVectors, int remoteBlocks,
+                                                 int warpsPerBlock, int maxPieceVectors) {
+  SplitUnits s;
+  s.remote = static_cast<int>(blockIdx.x) < remoteBlocks;
+  const int blocks = s.remote ? remoteBlocks : static_cast<int>(gridDim.x) - remoteBlocks;
+  const int index = s.remote ? blockIdx.x : blockIdx.x - remoteBlocks;
+  s.pieces = (rowVectors + maxPieceVectors - 1) / maxPieceVectors;
+  s.pieceVectors = (rowVectors + s.pieces - 1) / s.pieces;
+  s.first = static_cast<long>(index) * warpsPerBlock + threadIdx.x / 32;
+  s.stride = static_cast<long>(blocks) * warpsPerBlock;
+  s.units = (s.remote ? remoteRows : localRows) * s.pieces;
+  return s;
+}
+
+// A whole piece of a row in registers: up to kRegVectors 16-byte vectors per lane, every load
+// issued before any store (512 threads leave 128 registers a thread).
+constexpr int kRegThreads = 512;
+constexpr int kRegVectors = 16;
+
+__global__ void __launch_bounds__(kRegThreads, 1) copyRowsRegsKernel(const int4* src, int4* peerDst, int4* localDst,
+                                                                     long remoteRows, long localRows, int rowVectors,
+                                                                     int remoteBlocks) {
+  const int lane = threadIdx.x % 32;
+  const SplitUnits s = splitUnits(remoteRows, localRows, rowVectors, remoteBlocks, kRegThreads / 32, kRegVectors * 32);
+  int4* dst = s.remote ? peerDst : localDst;
+  for (long u = s.first; u < s.units; u += s.stride) {
+    const long row = u / s.pieces;
+    const int begin = static_cast<int>(u % s.pieces) * s.pieceVectors;
+    const int end = min(begin + s.pieceVectors, rowVectors);
+    const int4* in = src + row * rowVectors;
+    int4* out = dst + row * rowVectors;
+    int4 v[kRegVectors];
+#pragma unroll
+    for (int k = 0; k < kRegVectors; ++k) {
+      const int i = begin + lane + k * 32;
+      if (i < end) v[k] = __ldg(in + i);
+    }
+#pragma unroll
+    for (int k = 0; k < kRegVectors; ++k) {
+      const int i = begin + lane + k * 32;
+      if (i < end) out[i] = v[k];
+    }
+  }
+}
+
+// Pieces through shared memory with the bulk-copy engine: lane 0 of each of `stagedWarps` warps
+// keeps a ring of `stages` pieces, loading ahead while earlier pieces are stored.
+constexpr int kBulkThreads = 1024;
+constexpr int kBulkMaxPieceBytes = 7424;  // an FP8 row of hidden 7168 with its scales
+
+__global__ void __launch_bounds__(kBulkThreads) copyRowsBulkKernel(const char* src, char* peerDst, char* localDst,
+                                                                   long remoteRows, long localRows, int rowVectors,
+                                                                   int remoteBlocks, int stagedWarps, int stages,
+                                                                   int stageBytes) {
+  extern __shared__ __align__(128) char staging[];
+  __shared__ uint64_t barriers[kBulkThreads / 32 * 4];
+  const int warp = threadIdx.x / 32;
+  if (warp >= stagedWarps || threadIdx.x % 32 != 0) return;
+  const SplitUnits s = splitUnits(remoteRows, localRows, rowVectors, remoteBlocks, stagedWarps, stageBytes / 16);
+  char* dst = s.remote ? peerDst : localDst;
+  char* ring = staging + static_cast<size_t>(warp) * stages * stageBytes;
+  uint64_t* bars = barriers + warp * 4;
+  for (int k = 0; k < stages; ++k) kernels::barrierInit(bars + k);
+  kernels::barrierInitFence();
+  const size_t rowBytes = static_cast<size_t>(rowVectors) * 16;
+  auto pieceOf = [&](long u, size_t* offset, uint32_t* bytes) {
+    const long row = u / s.pieces;
+    const size_t begin = static_cast<size_t>(u % s.pieces) * s.pieceVectors * 16;
+    *offset = row * rowBytes + begin;
+    *bytes = static_cast<uint32_t>(min(static_cast<size_t>(s.pieceVectors) * 16, rowBytes - begin));
+  };
+  auto load = [&](long u, int stage) {
+    size_t offset;
+    uint32_t bytes;
+    pieceOf(u, &offset, &bytes);
+    kernels::barrierExpect(bars + stage, bytes);
+    kernels::bulkLoad(ring + stage * stageBytes, src + offset, bytes, bars + stage);
+  };
+  long next = s.first;
+  for (int k = 0; k < stages && next < s.units; ++k, next += s.stride) load(next, k);
+  uint32_t phases = 0;
+  int k = 0;
+  for (long u = s.first; u < s.units; u += s.stride, k = (k + 1) % stages) {
+    kernels::barrierWait(bars + k, (phases >> k) & 1);
+    phases ^= 1u << k;
+    size_t offset;
+    uint32_t bytes;
+    pieceOf(u, &offset, &bytes);
+    kernels::bulkStore(dst + offset, ring + k * stageBytes, bytes);
+    if (next < s.units) {
+      kernels::bulkStoresRead();  // this stage is loaded again next
+      load(next, k);
+      next += s.stride;
+    }
+  }
+  kernels::bulkStoresDone();
+}
+
 // Buffers of one rank: a source, a local destination, and a receive area that peers write into
 // (nRanks slots of remoteBytes: slot s is written by rank s).
 struct Buffers {
@@ -143,6 +251,31 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
       return true;
     };
   };
+  auto regsCopy = [&](int grid, long remoteRows, long localRows, int remoteBlocks) {
+    return [&, grid, remoteRows, localRows, remoteBlocks]() {
+      const int peer = (me + 1) % n;
+      copyRowsRegsKernel<<<grid, kRegThreads, 0, stream>>>(
+          reinterpret_cast<const int4*>(b.src), reinterpret_cast<int4*>(b.recv.peer(peer) + remoteBytes * me),
+          reinterpret_cast<int4*>(b.local), remoteRows, localRows, static_cast<int>(rowBytes / 16), remoteBlocks);
+      TEST_CUDA_CHECK(cudaGetLastError());
+      return true;
+    };
+  };
+  auto bulkCopy = [&](int grid, long remoteRows, long localRows, int remoteBlocks, int warps, int stages) {
+    return [&, grid, remoteRows, localRows, remoteBlocks, warps, stages]() {
+      const int peer = (me + 1) % n;
+      const int pieces = static_cast<int>((rowBytes + kBulkMaxPieceBytes - 1) / kBulkMaxPieceBytes);
+      const int stageBytes = static_cast<int>((rowBytes / 16 + pieces - 1) / pieces * 16);
+      const size_t smem = static_cast<size_t>(warps) * stages * stageBytes;
+      TEST_CUDA_CHECK(cudaFuncSetAttribute(copyRowsBulkKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
+      copyRowsBulkKernel<<<grid, kBulkThreads, smem, stream>>>(b.src, b.recv.peer(peer) + remoteBytes * me, b.local,
+                                                               remoteRows, localRows, static_cast<int>(rowBytes / 16),
+                                                               remoteBlocks, warps, stages, stageBytes);
+      TEST_CUDA_CHECK(cudaGetLastError());
+      return true;
+    };
+  };
   const long remoteRows = static_cast<long>(remoteBytes / rowBytes), localRows = static_cast<long>(localBytes / rowBytes);
   bool ok = timeIt(copyEngine, &out->copyEngineUs);
   if (ok && n == 2 && sms > 0) {  // sms = 0: the copy engines alone
@@ -150,6 +283,21 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
          timeIt(smCopy(0, localRows, 0), &out->smLocalOnlyUs) &&
          timeIt(smCopy(remoteRows, 0, 0, true), &out->smRemoteOnlyPredicatedUs) &&
          (sms <= 8 || timeIt(smCopy(remoteRows, localRows, 8, true), &out->smSplit8PredicatedUs));
+    out->variants.clear();
+    auto variant = [&](const char* name, auto op) {
+      double us = 0;
+      if (ok) ok = timeIt(op, &us);
+      out->variants.push_back({name, std::strstr(name, "remote only") != nullptr, us});
+    };
+    variant("regs, remote only", regsCopy(sms, remoteRows, 0, sms));
+    variant("regs, remote only, 8 SMs", regsCopy(8, remoteRows, 0, 8));
+    variant("regs, split 8", regsCopy(sms, remoteRows, localRows, 8));
+    variant("bulk 30x1, remote only", bulkCopy(sms, remoteRows, 0, sms, 30, 1));
+    variant("bulk 14x2, remote only", bulkCopy(sms, remoteRows, 0, sms, 14, 2));
+    variant("bulk 7x4, remote only", bulkCopy(sms, remoteRows, 0, sms, 7, 4));
+    variant("bulk 30x1, remote only, 8 SMs", bulkCopy(8, remoteRows, 0, 8, 30, 1));
+    variant("bulk 14x2, remote only, 8 SMs", bulkCopy(8, remoteRows, 0, 8, 14, 2));
+    variant("bulk 14x2, split 8", bulkCopy(sms, remoteRows, localRows, 8, 14, 2));
     out->splits.clear();
     for (int remoteBlocks = 4; ok && remoteBlocks < sms; remoteBlocks += 4) {
       double us = 0;

@@ -1,6 +1,8 @@
 // The NVLink copy ceiling for a dispatch-shaped exchange, measured in the same run as the
 // operation it bounds: every rank pushes `remoteBytes` to each peer while copying `localBytes`
-// into its own memory, once with the copy engines and once with an SM copy kernel on N SMs.
+// into its own memory, once with the copy engines and once with an SM copy kernel on N SMs; then
+// the peer's rows alone and split grids with two other copies (a whole row in registers, and bulk
+// copies through shared memory), to tell whether the copy method or the link sets the rate.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +24,12 @@ struct CopyCeiling {
     double us;
   };
   std::vector<Split> splits;
+  struct Variant {
+    const char* name;  // how the rows are copied, and on which SMs
+    bool remoteOnly;   // the peer's rows alone (no DeepEP-accounted bandwidth)
+    double us;
+  };
+  std::vector<Variant> variants;
 };
 
 // Collective over the session's ranks. Times are medians over `iters` after an L2 flush and a
