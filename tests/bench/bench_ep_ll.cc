@@ -27,6 +27,7 @@ struct LlRun {
   std::vector<int> tokens;
   int hidden, topk, experts, sms, iters, warmup;
   bool fp8;
+  bool kernelTimes;  // a second pass per op timing its kernels alone (CUPTI)
   std::string csv;
   std::string ops;  // comma-separated subset of dispatch,phases,combine,pair,nccl; empty: all
   bool wants(const char* op) const { return opSelected(ops, op); }
@@ -58,6 +59,7 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
   TEST_CUDA_CHECK(cudaMemset(expertOut, 0, expertRows * run.hidden * 2));
   TEST_CUDA_CHECK(cudaMalloc(&combined, static_cast<size_t>(shape.maxTokens) * run.hidden * 2));
   Timer timer;
+  timer.kernelTimes = run.kernelTimes;
   TEST_CUDA_CHECK(cudaEventCreate(&timer.start));
   TEST_CUDA_CHECK(cudaEventCreate(&timer.stop));
   TEST_CUDA_CHECK(cudaMalloc(&timer.flush, timer.flushBytes));
@@ -177,21 +179,35 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
            run.sms > 0 ? std::to_string(run.sms).c_str() : "auto");
     printf("# median and p99 of %d after %d warm-up, L2 flushed, slowest rank; GB/s per (token, expert) selection;"
            " b2b = per call of %d in a row (median of %d runs)\n", run.iters, run.warmup, kBackToBack, kBackToBackRuns);
-    printf("# %6s %-32s %10s %10s %10s %10s %10s\n", "tokens", "op", "time(us)", "p99(us)", "GB/s", "b2b(us)", "host(us)");
+    if (!run.kernelTimes) {
+      printf("# kernel times not measured (--kernel-times 0)\n");
+    } else if (KernelTimer::available()) {
+      printf("# kernel = GPU time of the call's kernels alone (CUPTI: first start to last end), median and p99 of a\n"
+             "# second pass of %d flushed calls: what DeepEP's kineto times report\n", run.iters);
+    } else {
+      printf("# kernel times not measured: %s\n", KernelTimer::unavailableReason().c_str());
+    }
+    printf("# %6s %-32s %10s %10s %10s %10s %10s %10s %10s\n", "tokens", "op", "time(us)", "p99(us)", "GB/s", "b2b(us)",
+           "host(us)", "kernel(us)", "kp99(us)");
+    auto column = [](double value) {
+      char text[32] = "-";
+      if (value > 0) snprintf(text, sizeof text, "%.1f", value);
+      return std::string(text);
+    };
     for (const LlRow& row : rows) {
       const std::string rate = row.bytes > 0 ? std::to_string(row.bytes / (row.t.us * 1e3)).substr(0, 6) : "-";
-      const std::string b2b = row.t.backToBackUs > 0 ? std::to_string(row.t.backToBackUs).substr(0, 5) : "-";
-      printf("  %6d %-32s %10.1f %10.1f %10s %10s %10.1f\n", row.tokens, row.op.c_str(), row.t.us, row.t.p99Us, rate.c_str(),
-             b2b.c_str(), row.t.hostUs);
+      printf("  %6d %-32s %10.1f %10.1f %10s %10s %10.1f %10s %10s\n", row.tokens, row.op.c_str(), row.t.us, row.t.p99Us,
+             rate.c_str(), column(row.t.backToBackUs).c_str(), row.t.hostUs, column(row.t.kernelUs).c_str(),
+             column(row.t.kernelP99Us).c_str());
     }
     if (!run.csv.empty()) {
       FILE* f = fopen(run.csv.c_str(), "w");
       if (f != nullptr) {
-        fprintf(f, "op,ranks,tokens,hidden,topk,experts,dtype,sms,time_us,p99_us,selection_gbs,host_us\n");
+        fprintf(f, "op,ranks,tokens,hidden,topk,experts,dtype,sms,time_us,p99_us,selection_gbs,host_us,kernel_us,kernel_p99_us\n");
         for (const LlRow& row : rows) {
-          fprintf(f, "%s,%d,%d,%d,%d,%d,%s,%d,%.2f,%.2f,%.2f,%.2f\n", row.op.c_str(), env.nRanks, row.tokens, run.hidden,
-                  run.topk, run.experts, run.fp8 ? "fp8" : "bf16", run.sms, row.t.us, row.t.p99Us,
-                  row.bytes > 0 ? row.bytes / (row.t.us * 1e3) : 0.0, row.t.hostUs);
+          fprintf(f, "%s,%d,%d,%d,%d,%d,%s,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n", row.op.c_str(), env.nRanks, row.tokens,
+                  run.hidden, run.topk, run.experts, run.fp8 ? "fp8" : "bf16", run.sms, row.t.us, row.t.p99Us,
+                  row.bytes > 0 ? row.bytes / (row.t.us * 1e3) : 0.0, row.t.hostUs, row.t.kernelUs, row.t.kernelP99Us);
         }
         fclose(f);
       }
@@ -219,6 +235,8 @@ int runEpLowLatency(Args& args, const char* self) {
   run.fp8 = dtype == "fp8";
   run.csv = args.value("--csv", "");
   run.ops = args.value("--ops", "");
+  const std::string kernelTimes = args.value("--kernel-times", "1");
+  run.kernelTimes = kernelTimes == "1";
   std::string ranksText = args.value("--nranks", "0");
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench ep --mode ll: unknown argument '%s'\n", args.leftovers()[0].c_str());
@@ -226,9 +244,11 @@ int runEpLowLatency(Args& args, const char* self) {
   }
   bool tokensOk = !run.tokens.empty();
   for (int t : run.tokens) tokensOk = tokensOk && t >= 1 && t <= 1024;
-  if ((dtype != "bf16" && dtype != "fp8") || !tokensOk) {
-    fprintf(stderr, "unifab-bench ep --mode ll: --dtype is bf16 or fp8 (got %s); --tokens is a list in 1..1024\n",
-            dtype.c_str());
+  if ((dtype != "bf16" && dtype != "fp8") || !tokensOk || (kernelTimes != "0" && kernelTimes != "1")) {
+    fprintf(stderr,
+            "unifab-bench ep --mode ll: --dtype is bf16 or fp8 (got %s); --tokens is a list in 1..1024; --kernel-times"
+            " is 0 or 1 (got %s)\n",
+            dtype.c_str(), kernelTimes.c_str());
     return 2;
   }
   test::RankEnvironment env = test::rankEnvironment();

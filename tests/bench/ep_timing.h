@@ -1,14 +1,18 @@
 // How unifab-bench ep times an operation: CUDA events around one call after an L2 flush and a
 // barrier (every rank starts together), the median and 99th percentile over the iterations, the
 // time per call of calls issued back to back (median of kBackToBackRuns runs), and the host time
-// inside one call; each reduced to the slowest rank.
+// inside one call; each reduced to the slowest rank. With Timer::kernelTimes, a second pass of the
+// same iterations records the operation's kernels with CUPTI (KernelTimer): their GPU time alone,
+// as profiler-based benchmarks report it.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "tests/bench/bench_common.h"
+#include "tests/bench/kernel_timer.h"
 #include "tests/common/nccl_session.h"
 #include "tests/common/test_util.h"
 
@@ -18,11 +22,50 @@ struct Timer {
   cudaEvent_t start = nullptr, stop = nullptr;
   void* flush = nullptr;
   size_t flushBytes = size_t{256} << 20;
+  bool kernelTimes = false;  // also time the operation's kernels alone (where CUPTI is available)
 };
 
 struct OpTimes {
   double us = 0, p99Us = 0, backToBackUs = 0, hostUs = 0;
+  double kernelUs = 0, kernelP99Us = 0;  // 0: not measured
 };
+
+// The kernel-time pass of timeOp: the same flushed, aligned iterations, each call's kernels tagged
+// with its iteration. Every rank takes part or none does (the pass has barriers).
+template <typename Setup, typename Op, typename Teardown>
+bool timeKernels(test::NcclSession& session, Timer& timer, int iters, Setup setup, Op op, Teardown teardown,
+                 OpTimes* times) {
+  KernelTimer kernels;
+  const bool began = KernelTimer::available() && kernels.begin();
+  double refused = began ? 0.0 : 1.0;
+  if (!session.maxOverRanks(&refused)) return false;
+  if (refused > 0) {
+    std::vector<double> unused;
+    if (began) kernels.end(0, &unused);
+    return true;
+  }
+  for (int i = 0; i < iters; ++i) {
+    if (!setup()) return false;
+    TEST_CUDA_CHECK(cudaMemsetAsync(timer.flush, i & 0xff, timer.flushBytes, session.stream()));
+    if (!session.barrier(false)) return false;
+    kernels.enter(static_cast<uint64_t>(i) + 1);
+    const bool ran = op();
+    kernels.leave();
+    if (!ran || !teardown()) return false;
+    TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+  }
+  // A call whose kernels went unrecorded on any rank leaves the measure out everywhere.
+  std::vector<double> spans;
+  const bool recorded = kernels.end(static_cast<uint64_t>(iters), &spans) &&
+                        std::find(spans.begin(), spans.end(), 0.0) == spans.end();
+  double missing = recorded ? 0.0 : 1.0;
+  if (!session.maxOverRanks(&missing)) return false;
+  if (missing == 0) {
+    times->kernelUs = median(spans);
+    times->kernelP99Us = percentile(spans, 0.99);
+  }
+  return true;
+}
 constexpr int kBackToBack = 10;
 constexpr int kBackToBackRuns = 5;
 
@@ -56,6 +99,8 @@ bool timeOp(test::NcclSession& session, Timer& timer, int iters, int warmup, Set
   times->p99Us = percentile(samples, 0.99);
   times->hostUs = median(host);
   times->backToBackUs = 0;
+  times->kernelUs = times->kernelP99Us = 0;
+  if (timer.kernelTimes && !timeKernels(session, timer, iters, setup, op, teardown, times)) return false;
   if (!session.barrier(true)) return false;
   if (backToBack) {
     // The median of kBackToBackRuns runs of kBackToBack calls: one run of a few microseconds per
@@ -75,7 +120,8 @@ bool timeOp(test::NcclSession& session, Timer& timer, int iters, int warmup, Set
     }
     times->backToBackUs = median(runs);
   }
-  for (double* value : {&times->us, &times->p99Us, &times->backToBackUs, &times->hostUs}) {
+  for (double* value : {&times->us, &times->p99Us, &times->backToBackUs, &times->hostUs, &times->kernelUs,
+                        &times->kernelP99Us}) {
     if (!session.maxOverRanks(value)) return false;
   }
   return true;

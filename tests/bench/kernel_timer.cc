@@ -1,0 +1,143 @@
+#include "tests/bench/kernel_timer.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#ifdef UNIFAB_BENCH_HAS_CUPTI
+#include <cupti.h>
+
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+#endif
+
+namespace unifab::bench {
+
+#ifdef UNIFAB_BENCH_HAS_CUPTI
+namespace {
+
+struct KernelRecord {
+  uint32_t correlation;
+  uint64_t startNs, endNs;
+};
+
+// Filled by CUPTI's buffer callbacks (its own thread), read by end() after a flush.
+struct Recorded {
+  std::mutex mutex;
+  std::vector<KernelRecord> kernels;
+  std::unordered_map<uint32_t, uint64_t> externalIds;  // CUPTI correlation id -> our id
+  std::string failure;                                 // the first CUPTI call that failed
+};
+
+Recorded& recorded() {
+  static Recorded r;
+  return r;
+}
+
+constexpr size_t kBufferBytes = size_t{1} << 20;
+constexpr CUpti_ExternalCorrelationKind kIdKind = CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0;
+
+void CUPTIAPI bufferRequested(uint8_t** buffer, size_t* size, size_t* maxRecords) {
+  // CUPTI wants 8-byte aligned buffers; a null buffer makes it drop records, which end() notices
+  // as ids without kernels.
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
+  *size = *buffer != nullptr ? kBufferBytes : 0;
+  *maxRecords = 0;
+}
+
+void CUPTIAPI bufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t validSize) {
+  Recorded& r = recorded();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  CUpti_Activity* record = nullptr;
+  while (cuptiActivityGetNextRecord(buffer, validSize, &record) == CUPTI_SUCCESS) {
+    if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+      r.kernels.push_back({k->correlationId, k->start, k->end});
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) {
+      const auto* e = reinterpret_cast<const CUpti_ActivityExternalCorrelation*>(record);
+      if (e->externalKind == kIdKind) r.externalIds[e->correlationId] = e->externalId;
+    }
+  }
+  std::free(buffer);
+}
+
+bool cuptiOk(CUptiResult result, const char* call) {
+  if (result == CUPTI_SUCCESS) return true;
+  const char* text = nullptr;
+  cuptiGetResultString(result, &text);
+  Recorded& r = recorded();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.failure.empty()) r.failure = std::string(call) + ": " + (text != nullptr ? text : "unknown CUPTI error");
+  return false;
+}
+
+}  // namespace
+
+bool KernelTimer::available() {
+  Recorded& r = recorded();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.failure.empty();
+}
+
+std::string KernelTimer::unavailableReason() {
+  Recorded& r = recorded();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.failure;
+}
+
+bool KernelTimer::begin() {
+  static const bool registered = cuptiOk(cuptiActivityRegisterCallbacks(bufferRequested, bufferCompleted),
+                                         "cuptiActivityRegisterCallbacks");
+  if (!registered || !available()) return false;
+  {
+    Recorded& r = recorded();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.kernels.clear();
+    r.externalIds.clear();
+  }
+  // CONCURRENT_KERNEL, unlike KERNEL, leaves kernels free to overlap as they would unprofiled.
+  return cuptiOk(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable(kernels)") &&
+         cuptiOk(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION), "cuptiActivityEnable(correlation)");
+}
+
+void KernelTimer::enter(uint64_t id) { cuptiOk(cuptiActivityPushExternalCorrelationId(kIdKind, id), "push id"); }
+
+void KernelTimer::leave() {
+  uint64_t last = 0;
+  cuptiOk(cuptiActivityPopExternalCorrelationId(kIdKind, &last), "pop id");
+}
+
+bool KernelTimer::end(uint64_t ids, std::vector<double>* spansUs) {
+  const bool flushed = cuptiOk(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
+  cuptiOk(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityDisable(kernels)");
+  cuptiOk(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION), "cuptiActivityDisable(correlation)");
+  if (!flushed || !available()) return false;
+  std::vector<uint64_t> first(ids, UINT64_MAX), last(ids, 0);
+  Recorded& r = recorded();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const KernelRecord& k : r.kernels) {
+    const auto it = r.externalIds.find(k.correlation);
+    if (it == r.externalIds.end() || it->second == 0 || it->second > ids) continue;  // not an operation's kernel
+    const uint64_t i = it->second - 1;
+    first[i] = std::min(first[i], k.startNs);
+    last[i] = std::max(last[i], k.endNs);
+  }
+  spansUs->assign(ids, 0.0);
+  for (uint64_t i = 0; i < ids; ++i) {
+    if (last[i] > first[i]) (*spansUs)[i] = static_cast<double>(last[i] - first[i]) / 1e3;
+  }
+  return true;
+}
+
+#else  // built without CUPTI
+
+bool KernelTimer::available() { return false; }
+std::string KernelTimer::unavailableReason() { return "unifab-bench was built without CUPTI"; }
+bool KernelTimer::begin() { return false; }
+void KernelTimer::enter(uint64_t) {}
+void KernelTimer::leave() {}
+bool KernelTimer::end(uint64_t, std::vector<double>*) { return false; }
+
+#endif
+
+}  // namespace unifab::bench
