@@ -123,8 +123,15 @@ bool KernelTimer::end(uint64_t ids, std::vector<double>* spansUs) {
     last[i] = std::max(last[i], k.endNs);
   }
   spansUs->assign(ids, 0.0);
+  uint64_t empty = 0;
   for (uint64_t i = 0; i < ids; ++i) {
     if (last[i] > first[i]) (*spansUs)[i] = static_cast<double>(last[i] - first[i]) / 1e3;
+    else ++empty;
+  }
+  if (empty != 0) {
+    fprintf(stderr, "unifab-bench: kernel times: %llu of %llu calls without recorded kernels (%zu kernel records, %zu"
+            " correlation records)\n", static_cast<unsigned long long>(empty), static_cast<unsigned long long>(ids),
+            r.kernels.size(), r.externalIds.size());
   }
   return true;
 }
