@@ -96,7 +96,10 @@ bool KernelTimer::begin() {
     r.externalIds.clear();
   }
   // CONCURRENT_KERNEL, unlike KERNEL, leaves kernels free to overlap as they would unprofiled.
+  // CUPTI ties our ids to launches only while API records are on (none came with kernels alone).
   return cuptiOk(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable(kernels)") &&
+         cuptiOk(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME), "cuptiActivityEnable(runtime)") &&
+         cuptiOk(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER), "cuptiActivityEnable(driver)") &&
          cuptiOk(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION), "cuptiActivityEnable(correlation)");
 }
 
@@ -110,6 +113,8 @@ void KernelTimer::leave() {
 bool KernelTimer::end(uint64_t ids, std::vector<double>* spansUs) {
   const bool flushed = cuptiOk(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
   cuptiOk(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityDisable(kernels)");
+  cuptiOk(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_RUNTIME), "cuptiActivityDisable(runtime)");
+  cuptiOk(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_DRIVER), "cuptiActivityDisable(driver)");
   cuptiOk(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION), "cuptiActivityDisable(correlation)");
   if (!flushed || !available()) return false;
   std::vector<uint64_t> first(ids, UINT64_MAX), last(ids, 0);
