@@ -239,6 +239,33 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
       }
     }
   }
+  // Per rank, in rank order: its own median and the bytes it received itself (the table above is the
+  // slowest rank's time over rank 0's bytes).
+  const double ownDispatchBytes = static_cast<double>(rankMajorRows) * rowBytes;
+  const double ownRemoteBytes = static_cast<double>(remoteRows) * rowBytes;
+  const double ownCombineBytes = static_cast<double>(rankMajorRows) * run.hidden * 2;
+  const double ownRemoteCombineBytes = static_cast<double>(remoteRows) * run.hidden * 2;
+  for (int r = 0; r < env.nRanks; ++r) {
+    if (r == env.rank) {
+      std::string text = "# rank " + std::to_string(r) + ": its own median, over the rows it received (" +
+                         std::to_string(rankMajorRows) + ", " + std::to_string(remoteRows) + " remote)\n";
+      auto line = [&](const char* name, const OpTimes& t, double bytes, double remote) {
+        if (t.ownUs <= 0) return;
+        char buffer[160];
+        snprintf(buffer, sizeof buffer, "  rank %d %-28s %10.1f %12.1f %12.1f\n", r, name, t.ownUs, bytes / (t.ownUs * 1e3),
+                 remote / (t.ownUs * 1e3));
+        text += buffer;
+      };
+      line("dispatch", dispatchT, ownDispatchBytes, ownRemoteBytes);
+      line("dispatch, cached", cachedT, ownDispatchBytes, ownRemoteBytes);
+      line("combine", combineT, ownCombineBytes, ownRemoteCombineBytes);
+      line("combine from combine input", combineInputT, ownCombineBytes, ownRemoteCombineBytes);
+      line("nccl send/recv a2a", ncclT, ownDispatchBytes, ownRemoteBytes);
+      fputs(text.c_str(), stdout);
+      fflush(stdout);
+    }
+    if (!session.barrier(true)) return false;
+  }
   TEST_UNIFAB_CHECK(unifabEpHandleDestroy(handle));
   TEST_UNIFAB_CHECK(unifabEpDestroy(group));
   return true;

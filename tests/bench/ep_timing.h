@@ -28,6 +28,7 @@ struct Timer {
 struct OpTimes {
   double us = 0, p99Us = 0, backToBackUs = 0, hostUs = 0;
   double kernelUs = 0, kernelP99Us = 0;  // 0: not measured
+  double ownUs = 0;  // this rank's median before the reduction (us is the slowest rank's)
 };
 
 // The kernel-time pass of timeOp: the same flushed, aligned iterations, each call's kernels tagged
@@ -120,6 +121,7 @@ bool timeOp(test::NcclSession& session, Timer& timer, int iters, int warmup, Set
     }
     times->backToBackUs = median(runs);
   }
+  times->ownUs = times->us;
   for (double* value : {&times->us, &times->p99Us, &times->backToBackUs, &times->hostUs, &times->kernelUs,
                         &times->kernelP99Us}) {
     if (!session.maxOverRanks(value)) return false;
