@@ -240,7 +240,8 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
     }
   }
   // Per rank, in rank order: its own median and the bytes it received itself (the table above is the
-  // slowest rank's time over rank 0's bytes).
+  // slowest rank's time over rank 0's bytes). The bracket keeps these lines out of the ab step's
+  // row filter (tests/run-gpu.sh).
   const double ownDispatchBytes = static_cast<double>(rankMajorRows) * rowBytes;
   const double ownRemoteBytes = static_cast<double>(remoteRows) * rowBytes;
   const double ownCombineBytes = static_cast<double>(rankMajorRows) * run.hidden * 2;
@@ -252,7 +253,7 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
       auto line = [&](const char* name, const OpTimes& t, double bytes, double remote) {
         if (t.ownUs <= 0) return;
         char buffer[160];
-        snprintf(buffer, sizeof buffer, "  rank %d %-28s %10.1f %12.1f %12.1f\n", r, name, t.ownUs, bytes / (t.ownUs * 1e3),
+        snprintf(buffer, sizeof buffer, "  [rank %d] %-26s %10.1f %12.1f %12.1f\n", r, name, t.ownUs, bytes / (t.ownUs * 1e3),
                  remote / (t.ownUs * 1e3));
         text += buffer;
       };
