@@ -1,6 +1,7 @@
 #include "tests/bench/copy_ceiling.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -136,19 +137,21 @@ __global__ void __launch_bounds__(kRegThreads, 1) copyRowsRegsKernel(const int4*
 // keeps a ring of `stages` pieces, loading ahead while earlier pieces are stored.
 constexpr int kBulkThreads = 1024;
 constexpr int kBulkMaxPieceBytes = 7424;  // an FP8 row of hidden 7168 with its scales
+constexpr int kBulkMaxStages = 4;         // barriers per warp
+constexpr size_t kBulkMaxSharedBytes = 30 * kBulkMaxPieceBytes;  // 217.5 KiB of the SM's 227
 
 __global__ void __launch_bounds__(kBulkThreads) copyRowsBulkKernel(const char* src, char* peerDst, char* localDst,
                                                                    long remoteRows, long localRows, int rowVectors,
                                                                    int remoteBlocks, int stagedWarps, int stages,
                                                                    int stageBytes) {
   extern __shared__ __align__(128) char staging[];
-  __shared__ uint64_t barriers[kBulkThreads / 32 * 4];
+  __shared__ uint64_t barriers[kBulkThreads / 32 * kBulkMaxStages];
   const int warp = threadIdx.x / 32;
   if (warp >= stagedWarps || threadIdx.x % 32 != 0) return;
   const SplitUnits s = splitUnits(remoteRows, localRows, rowVectors, remoteBlocks, stagedWarps, stageBytes / 16);
   char* dst = s.remote ? peerDst : localDst;
   char* ring = staging + static_cast<size_t>(warp) * stages * stageBytes;
-  uint64_t* bars = barriers + warp * 4;
+  uint64_t* bars = barriers + warp * kBulkMaxStages;
   for (int k = 0; k < stages; ++k) kernels::barrierInit(bars + k);
   kernels::barrierInitFence();
   const size_t rowBytes = static_cast<size_t>(rowVectors) * 16;
@@ -211,7 +214,11 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
   TEST_CUDA_CHECK(cudaMalloc(&b.src, srcBytes));
   TEST_CUDA_CHECK(cudaMalloc(&b.local, localBytes));
   TEST_CUDA_CHECK(cudaMemset(b.src, 0x3c, srcBytes));
-  if (!b.recv.open(session, remoteBytes * n)) return false;
+  // Rank s writes its rows into every peer's slot s: slots as large as the most any rank sends.
+  double largestRemote = static_cast<double>(remoteBytes);
+  if (!session.maxOverRanks(&largestRemote)) return false;
+  const size_t slotBytes = static_cast<size_t>(largestRemote);
+  if (!b.recv.open(session, slotBytes * n)) return false;
   cudaEvent_t start, stop;
   TEST_CUDA_CHECK(cudaEventCreate(&start));
   TEST_CUDA_CHECK(cudaEventCreate(&stop));
@@ -234,7 +241,7 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
   auto copyEngine = [&]() {
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
-      TEST_CUDA_CHECK(cudaMemcpyAsync(b.recv.peer(p) + remoteBytes * me, b.src, remoteBytes, cudaMemcpyDeviceToDevice, stream));
+      TEST_CUDA_CHECK(cudaMemcpyAsync(b.recv.peer(p) + slotBytes * me, b.src, remoteBytes, cudaMemcpyDeviceToDevice, stream));
     }
     TEST_CUDA_CHECK(cudaMemcpyAsync(b.local, b.src, localBytes, cudaMemcpyDeviceToDevice, stream));
     return true;
@@ -244,7 +251,7 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
     return [&, remoteRows, localRows, remoteBlocks, predicated]() {
       const int peer = (me + 1) % n;
       copyRowsKernel<<<sms, kThreads, 0, stream>>>(
-          reinterpret_cast<const int4*>(b.src), reinterpret_cast<int4*>(b.recv.peer(peer) + remoteBytes * me),
+          reinterpret_cast<const int4*>(b.src), reinterpret_cast<int4*>(b.recv.peer(peer) + slotBytes * me),
           reinterpret_cast<int4*>(b.local), remoteRows, localRows, static_cast<int>(rowBytes / 16), remoteBlocks,
           predicated);
       TEST_CUDA_CHECK(cudaGetLastError());
@@ -255,7 +262,7 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
     return [&, grid, remoteRows, localRows, remoteBlocks]() {
       const int peer = (me + 1) % n;
       copyRowsRegsKernel<<<grid, kRegThreads, 0, stream>>>(
-          reinterpret_cast<const int4*>(b.src), reinterpret_cast<int4*>(b.recv.peer(peer) + remoteBytes * me),
+          reinterpret_cast<const int4*>(b.src), reinterpret_cast<int4*>(b.recv.peer(peer) + slotBytes * me),
           reinterpret_cast<int4*>(b.local), remoteRows, localRows, static_cast<int>(rowBytes / 16), remoteBlocks);
       TEST_CUDA_CHECK(cudaGetLastError());
       return true;
@@ -267,9 +274,12 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
       const int pieces = static_cast<int>((rowBytes + kBulkMaxPieceBytes - 1) / kBulkMaxPieceBytes);
       const int stageBytes = static_cast<int>((rowBytes / 16 + pieces - 1) / pieces * 16);
       const size_t smem = static_cast<size_t>(warps) * stages * stageBytes;
-      TEST_CUDA_CHECK(cudaFuncSetAttribute(copyRowsBulkKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
-      copyRowsBulkKernel<<<grid, kBulkThreads, smem, stream>>>(b.src, b.recv.peer(peer) + remoteBytes * me, b.local,
+      if (warps > kBulkThreads / 32 || stages > kBulkMaxStages || smem > kBulkMaxSharedBytes) {
+        fprintf(stderr, "copy ceiling: bulk copy of %d warps x %d stages of %d bytes is past its limits\n", warps,
+                stages, stageBytes);
+        return false;
+      }
+      copyRowsBulkKernel<<<grid, kBulkThreads, smem, stream>>>(b.src, b.recv.peer(peer) + slotBytes * me, b.local,
                                                                remoteRows, localRows, static_cast<int>(rowBytes / 16),
                                                                remoteBlocks, warps, stages, stageBytes);
       TEST_CUDA_CHECK(cudaGetLastError());
@@ -283,6 +293,9 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
          timeIt(smCopy(0, localRows, 0), &out->smLocalOnlyUs) &&
          timeIt(smCopy(remoteRows, 0, 0, true), &out->smRemoteOnlyPredicatedUs) &&
          (sms <= 8 || timeIt(smCopy(remoteRows, localRows, 8, true), &out->smSplit8PredicatedUs));
+    // Once, outside the timed calls: the most dynamic shared memory a bulk variant may ask for.
+    TEST_CUDA_CHECK(cudaFuncSetAttribute(copyRowsBulkKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kBulkMaxSharedBytes)));
     out->variants.clear();
     auto variant = [&](const char* name, auto op) {
       double us = 0;
@@ -291,13 +304,13 @@ bool measureCopyCeiling(test::NcclSession& session, size_t remoteBytes, size_t l
     };
     variant("regs, remote only", regsCopy(sms, remoteRows, 0, sms));
     variant("regs, remote only, 8 SMs", regsCopy(8, remoteRows, 0, 8));
-    variant("regs, split 8", regsCopy(sms, remoteRows, localRows, 8));
+    if (sms > 8) variant("regs, split 8", regsCopy(sms, remoteRows, localRows, 8));
     variant("bulk 30x1, remote only", bulkCopy(sms, remoteRows, 0, sms, 30, 1));
     variant("bulk 14x2, remote only", bulkCopy(sms, remoteRows, 0, sms, 14, 2));
     variant("bulk 7x4, remote only", bulkCopy(sms, remoteRows, 0, sms, 7, 4));
     variant("bulk 30x1, remote only, 8 SMs", bulkCopy(8, remoteRows, 0, 8, 30, 1));
     variant("bulk 14x2, remote only, 8 SMs", bulkCopy(8, remoteRows, 0, 8, 14, 2));
-    variant("bulk 14x2, split 8", bulkCopy(sms, remoteRows, localRows, 8, 14, 2));
+    if (sms > 8) variant("bulk 14x2, split 8", bulkCopy(sms, remoteRows, localRows, 8, 14, 2));
     out->splits.clear();
     for (int remoteBlocks = 4; ok && remoteBlocks < sms; remoteBlocks += 4) {
       double us = 0;

@@ -1,9 +1,11 @@
 // How unifab-bench ep times an operation: CUDA events around one call after an L2 flush and a
 // barrier (every rank starts together), the median and 99th percentile over the iterations, the
 // time per call of calls issued back to back (median of kBackToBackRuns runs), and the host time
-// inside one call; each reduced to the slowest rank. With Timer::kernelTimes, a second pass of the
-// same iterations records the operation's kernels with CUPTI (KernelTimer): their GPU time alone,
-// as profiler-based benchmarks report it.
+// inside one call; each reduced to the slowest rank. With Timer::kernelsOnly, timeOp instead records
+// the operation's kernels with CUPTI (KernelTimer) over the same flushed, aligned iterations: their
+// GPU time alone, as profiler-based benchmarks report it. CUPTI, once on, slows every later launch
+// on the host, so a benchmark runs all its event-timed measurements first and the kernel passes
+// after them.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,7 +24,7 @@ struct Timer {
   cudaEvent_t start = nullptr, stop = nullptr;
   void* flush = nullptr;
   size_t flushBytes = size_t{256} << 20;
-  bool kernelTimes = false;  // also time the operation's kernels alone (where CUPTI is available)
+  bool kernelsOnly = false;  // time the operation's kernels alone (where CUPTI is available), nothing else
 };
 
 struct OpTimes {
@@ -31,8 +33,9 @@ struct OpTimes {
   double ownUs = 0;  // this rank's median before the reduction (us is the slowest rank's)
 };
 
-// The kernel-time pass of timeOp: the same flushed, aligned iterations, each call's kernels tagged
-// with its iteration. Every rank takes part or none does (the pass has barriers).
+// The kernel-time pass of timeOp: a few untimed calls (CUPTI's first records cost), then the same
+// flushed, aligned iterations as the event pass, each call's kernels tagged with its iteration.
+// Every rank takes part or none does (the pass has barriers).
 template <typename Setup, typename Op, typename Teardown>
 bool timeKernels(test::NcclSession& session, Timer& timer, int iters, Setup setup, Op op, Teardown teardown,
                  OpTimes* times) {
@@ -45,13 +48,14 @@ bool timeKernels(test::NcclSession& session, Timer& timer, int iters, Setup setu
     if (began) kernels.end(0, &unused);
     return true;
   }
-  for (int i = 0; i < iters; ++i) {
+  constexpr int kUntimed = 3;
+  for (int i = -kUntimed; i < iters; ++i) {
     if (!setup()) return false;
     TEST_CUDA_CHECK(cudaMemsetAsync(timer.flush, i & 0xff, timer.flushBytes, session.stream()));
     if (!session.barrier(false)) return false;
-    kernels.enter(static_cast<uint64_t>(i) + 1);
+    if (i >= 0) kernels.enter(static_cast<uint64_t>(i) + 1);
     const bool ran = op();
-    kernels.leave();
+    if (i >= 0) kernels.leave();
     if (!ran || !teardown()) return false;
     TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
   }
@@ -70,16 +74,11 @@ bool timeKernels(test::NcclSession& session, Timer& timer, int iters, Setup setu
 constexpr int kBackToBack = 10;
 constexpr int kBackToBackRuns = 5;
 
-// Times op() with setup() before the flush (untimed) and teardown() after the stop event
-// (untimed): e.g. the dispatch a combine needs, or the receive phase that completes a timed send.
-// Back-to-back time (op then teardown, kBackToBack times in a row) only where it is asked for:
-// where setup is empty and teardown does no GPU work.
+// The event pass of timeOp: median and p99 of CUDA events around each flushed, aligned call, the
+// host time inside the call, and (backToBack) the time per call of calls in a row.
 template <typename Setup, typename Op, typename Teardown>
-bool timeOp(test::NcclSession& session, Timer& timer, int iters, int warmup, Setup setup, Op op, Teardown teardown,
-            bool backToBack, OpTimes* times) {
-  for (int i = 0; i < warmup; ++i) {
-    if (!setup() || !op() || !teardown()) return false;
-  }
+bool timeEvents(test::NcclSession& session, Timer& timer, int iters, Setup setup, Op op, Teardown teardown,
+                bool backToBack, OpTimes* times) {
   std::vector<double> samples, host;
   for (int i = 0; i < iters; ++i) {
     if (!setup()) return false;
@@ -99,9 +98,6 @@ bool timeOp(test::NcclSession& session, Timer& timer, int iters, int warmup, Set
   times->us = median(samples);
   times->p99Us = percentile(samples, 0.99);
   times->hostUs = median(host);
-  times->backToBackUs = 0;
-  times->kernelUs = times->kernelP99Us = 0;
-  if (timer.kernelTimes && !timeKernels(session, timer, iters, setup, op, teardown, times)) return false;
   if (!session.barrier(true)) return false;
   if (backToBack) {
     // The median of kBackToBackRuns runs of kBackToBack calls: one run of a few microseconds per
@@ -120,6 +116,25 @@ bool timeOp(test::NcclSession& session, Timer& timer, int iters, int warmup, Set
       runs.push_back(ms * 1000.0 / kBackToBack);
     }
     times->backToBackUs = median(runs);
+  }
+  return true;
+}
+
+// Times op() with setup() before the flush (untimed) and teardown() after the stop event
+// (untimed): e.g. the dispatch a combine needs, or the receive phase that completes a timed send.
+// Back-to-back time (op then teardown, kBackToBack times in a row) only where it is asked for:
+// where setup is empty and teardown does no GPU work. With timer.kernelsOnly, kernel times alone.
+template <typename Setup, typename Op, typename Teardown>
+bool timeOp(test::NcclSession& session, Timer& timer, int iters, int warmup, Setup setup, Op op, Teardown teardown,
+            bool backToBack, OpTimes* times) {
+  for (int i = 0; i < warmup; ++i) {
+    if (!setup() || !op() || !teardown()) return false;
+  }
+  *times = OpTimes{};
+  if (timer.kernelsOnly) {
+    if (!timeKernels(session, timer, iters, setup, op, teardown, times)) return false;
+  } else if (!timeEvents(session, timer, iters, setup, op, teardown, backToBack, times)) {
+    return false;
   }
   times->ownUs = times->us;
   for (double* value : {&times->us, &times->p99Us, &times->backToBackUs, &times->hostUs, &times->kernelUs,
