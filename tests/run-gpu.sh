@@ -6,8 +6,10 @@
 #   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
 # UNIFAB_TUNESWEEP_CHANNELS replaces the forced channel counts (NVLink 8,24,32; unifab 1,2,8).
-# UNIFAB_TUNESWEEP_NETS / UNIFAB_TUNESWEEP_OPS limit the tunesweep step (per op, 3 repetitions: ~1-2 min
-# over NVLink, ~2-2.5 min over unifab; UNIFAB_TUNESWEEP_REPS changes the repetitions);
+# UNIFAB_TUNESWEEP_NETS / UNIFAB_TUNESWEEP_OPS limit the tunesweep step (per op, 3 repetitions, x8
+# sizes to 128 MiB: ~1-2 min over NVLink, ~2-2.5 min over unifab; the default x4 sizes to 1 GiB take
+# about twice that: one or two ops per device call; UNIFAB_TUNESWEEP_REPS changes the repetitions,
+# UNIFAB_TUNESWEEP_SIZES the sizes, e.g. "--min 8 --max 256M --factor 8");
 # UNIFAB_TRACE_DTYPES / UNIFAB_TRACE_OPS limit the trace step (default: bf16 fp8 x empty cached dispatch combine);
 # ab measures the working tree against itself with UNIFAB_AB_PATCH (default ab.patch; or several
 # NAME=FILE baselines) reversed, interleaved (UNIFAB_AB_ARGS, UNIFAB_AB_DTYPES, UNIFAB_AB_REPS);
@@ -212,11 +214,15 @@ for step in $steps; do
       # not what an eager call costs (the one such sweep ran out of its call's 600 s before its
       # first table, ninth session). Over the sockets calls last 20 us and more: single calls there.
       # NVLink: 24 is what NCCL builds by default on 2 x H200, for the acceptance at that build.
-      speed="" channels=8,24,32
-      [ "$net" = unifab ] && speed="--socket-speed-mbps 80000" channels=1,2,8
+      # Sizes as the tuner issue asks, x4 steps up to 1 GiB (16 B: the smallest all_gather of whole
+      # floats on 2 ranks that x4 steps take to 1 GiB); over the sockets to 256 MiB, where one
+      # configuration's 1 GiB calls alone would take minutes.
+      speed="" channels=8,24,32 sizes="--min 16 --max 1G --factor 4"
+      [ "$net" = unifab ] && speed="--socket-speed-mbps 80000" channels=1,2,8 sizes="--min 16 --max 256M --factor 4"
       channels=${UNIFAB_TUNESWEEP_CHANNELS:-$channels}
+      sizes=${UNIFAB_TUNESWEEP_SIZES:-$sizes}
       "$bench" tune-sweep --net $net --ops "${UNIFAB_TUNESWEEP_OPS:-all_reduce,all_gather,reduce_scatter,broadcast}" \
-        --min 8 --max 256M --factor 8 --iters 20 --warmup 5 --reps "${UNIFAB_TUNESWEEP_REPS:-3}" --channels $channels --log-tuning $speed \
+        $sizes --iters 20 --warmup 5 --reps "${UNIFAB_TUNESWEEP_REPS:-3}" --channels $channels --log-tuning $speed \
         --out "$logs/tune-sweep-$net" >"$logs/tune-sweep-$net.txt" 2>&1 || failed=1
       grep -E "^#|^  " "$logs/tune-sweep-$net.txt" | tee -a "$summary"
     done
