@@ -248,8 +248,8 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
   const double ownRemoteCombineBytes = static_cast<double>(remoteRows) * run.hidden * 2;
   for (int r = 0; r < env.nRanks; ++r) {
     if (r == env.rank) {
-      std::string text = "# rank " + std::to_string(r) + ": its own median, over the rows it received (" +
-                         std::to_string(rankMajorRows) + ", " + std::to_string(remoteRows) + " remote)\n";
+      std::string text = "# rank " + std::to_string(r) + ": its own median time(us), DeepEP GB/s and NVLink GB/s over the rows"
+                         " it received (" + std::to_string(rankMajorRows) + ", " + std::to_string(remoteRows) + " remote)\n";
       auto line = [&](const char* name, const OpTimes& t, double bytes, double remote) {
         if (t.ownUs <= 0) return;
         char buffer[160];
