@@ -59,9 +59,11 @@ struct ModelConstants {
   double netBytesPerChannel = 2.0 * 1024 * 1024;
   int minNetChannels = 2;            // the fewest measured fastest from 32 KiB to 2 MiB
   // Below this many wire bytes per rank an operation is latency-bound and one connection carries
-  // it: a second adds its own messages (4 KiB all-reduce: 40 us on one channel, 50 on two; 4 KiB
-  // all-gather 25 and 30). At 32 KiB two channels were the fastest measured.
-  double netOneChannelBytes = 16.0 * 1024;
+  // it: a second adds its own messages. Measured: 4 KiB all-reduce 40 us on one channel, 50 on two
+  // (fifth run); 32 KiB (16-32 KiB on the wire) one channel 60 us against two's 79 (all-reduce)
+  // and 37 against 47 (all-gather) in the seventh run, which first forced one; from 128 KiB on the
+  // wire two were as fast or faster (all-gather 256 KiB: 90 against 99).
+  double netOneChannelBytes = 64.0 * 1024;
 };
 
 class CostModel {
