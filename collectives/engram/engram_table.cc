@@ -12,8 +12,10 @@
 #include "collectives/common/cuda_check.h"
 #include "collectives/common/device_range.h"
 #include "collectives/common/device_guard.h"
+#include "collectives/common/struct_size.h"
 #include "collectives/ep/ep_common.h"
 
+using unifab::collectives::requireStructSize;
 using unifab::Result;
 using unifab::kLogInit;
 using unifab::collectives::ep::aligned16;
@@ -57,11 +59,7 @@ Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& co
   auto checkConfig = [&]() -> Result {
     // A rank on the wrong current device takes part too (the agreement runs on the communicator's).
     UF_CHECK(unifab::collectives::requireCommDevice(comm));
-    if (!sized) {
-      return UF_ERROR(unifabInvalidArgument, kExt,
-                      "config->size=%zu, expected %zu: initialise it with UNIFAB_ENGRAM_CONFIG_INIT", config.size,
-                      sizeof(unifabEngramConfig_t));
-    }
+    UF_CHECK(requireStructSize(config, "config", "initialise it with UNIFAB_ENGRAM_CONFIG_INIT"));
     if (config.rowBytes < 16 || config.rowBytes % 16 != 0 || config.rowBytes > engram::kMaxRowBytes) {
       return UF_ERROR(unifabInvalidArgument, kExt, "config->rowBytes=%zu must be a multiple of 16 in 16..%zu",
                       config.rowBytes, engram::kMaxRowBytes);
@@ -185,11 +183,7 @@ Result unifabEngramTable::write(int64_t firstRow, int64_t numRows, const void* r
 }
 
 Result unifabEngramTable::validate(const unifabEngramFetchArgs_t& a, cudaStream_t stream) const {
-  if (a.size < sizeof(unifabEngramFetchArgs_t)) {
-    return UF_ERROR(unifabInvalidArgument, kExt,
-                    "args->size=%zu, expected %zu: initialise it with UNIFAB_ENGRAM_FETCH_ARGS_INIT", a.size,
-                    sizeof(unifabEngramFetchArgs_t));
-  }
+  UF_CHECK(requireStructSize(a, "args", "initialise it with UNIFAB_ENGRAM_FETCH_ARGS_INIT"));
   if (rawEnum(a.rowIdType) != unifabEpIndexInt64 && rawEnum(a.rowIdType) != unifabEpIndexInt32) {
     return UF_ERROR(unifabInvalidArgument, kExt, "rowIdType=%d is neither int64 (0) nor int32 (1)", rawEnum(a.rowIdType));
   }

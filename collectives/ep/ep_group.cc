@@ -11,11 +11,13 @@
 #include "collectives/common/agreement.h"
 #include "collectives/common/cuda_check.h"
 #include "collectives/common/device_guard.h"
+#include "collectives/common/struct_size.h"
 #include "collectives/ep/ep_common.h"
 #include "plugin/params.h"
 #include "tuner/ep_policy.h"
 #include "tuner/topology.h"
 
+using unifab::collectives::requireStructSize;
 using unifab::Result;
 using unifab::kLogInit;
 namespace kep = unifab::kernels::ep;
@@ -38,10 +40,7 @@ int expertRowCapacity(const unifabEpConfig_t& config, int nRanks) {
 }  // namespace
 
 Result validateConfig(const unifabEpConfig_t& config, int nRanks) {
-  if (config.size < sizeof(unifabEpConfig_t)) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "config->size=%zu, expected %zu: initialise it with UNIFAB_EP_CONFIG_INIT",
-                    config.size, sizeof(unifabEpConfig_t));
-  }
+  UF_CHECK(requireStructSize(config, "config", "initialise it with UNIFAB_EP_CONFIG_INIT"));
   if (rawEnum(config.mode) != unifabEpHighThroughput && rawEnum(config.mode) != unifabEpLowLatency) {
     return UF_ERROR(unifabInvalidArgument, kExt, "config->mode=%d is neither unifabEpHighThroughput (0) nor unifabEpLowLatency (1)",
                     rawEnum(config.mode));
@@ -532,11 +531,7 @@ Result unifabEpGroup::validateSms(int numSms) const {
 }
 
 Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStream_t stream, bool* capturing) const {
-  if (a.size < sizeof(unifabEpDispatchArgs_t)) {
-    return UF_ERROR(unifabInvalidArgument, kExt,
-                    "args->size=%zu, expected %zu: initialise it with UNIFAB_EP_DISPATCH_ARGS_INIT", a.size,
-                    sizeof(unifabEpDispatchArgs_t));
-  }
+  UF_CHECK(requireStructSize(a, "args", "initialise it with UNIFAB_EP_DISPATCH_ARGS_INIT"));
   if (a.numTokens < 0 || a.numTokens > config_.maxTokensPerRank) {
     return UF_ERROR(unifabInvalidArgument, kExt, "numTokens=%d is outside 0..maxTokensPerRank=%d", a.numTokens,
                     config_.maxTokensPerRank);
@@ -618,9 +613,7 @@ Result unifabEpGroup::dispatch(const unifabEpDispatchArgs_t& a, cudaStream_t str
   UF_CHECK(asyncError());
   bool capturing = false;
   UF_CHECK(validateDispatch(a, stream, &capturing));
-  if (out->size < sizeof(unifabEpDispatchResult_t)) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "result->size=%zu, expected %zu", out->size, sizeof(unifabEpDispatchResult_t));
-  }
+  UF_CHECK(requireStructSize(*out, "result", "set it to the struct's size"));
   const bool cached = a.cachedHandle != nullptr;
   if (!cached && a.numTokens > 0 && unifab::params().epValidateOnHost) UF_CHECK(validateIdsOnHost(a, stream));
 
@@ -712,11 +705,7 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
                     static_cast<unsigned long long>(handle->dispatchSequence),
                     static_cast<unsigned long long>(dispatchCount_));
   }
-  if (a.size < sizeof(unifabEpCombineArgs_t)) {
-    return UF_ERROR(unifabInvalidArgument, kExt,
-                    "args->size=%zu, expected %zu: initialise it with UNIFAB_EP_COMBINE_ARGS_INIT", a.size,
-                    sizeof(unifabEpCombineArgs_t));
-  }
+  UF_CHECK(requireStructSize(a, "args", "initialise it with UNIFAB_EP_COMBINE_ARGS_INIT"));
   if (a.expertOutput == nullptr || !unifab::collectives::ep::aligned16(a.expertOutput)) {
     return UF_ERROR(unifabInvalidArgument, kExt, "expertOutput=%p must be a non-NULL device pointer aligned to 16 bytes",
                     a.expertOutput);

@@ -4,11 +4,13 @@
 #include <memory>
 
 #include "collectives/common/cuda_check.h"
+#include "collectives/common/struct_size.h"
 #include "collectives/ep/ep_common.h"
 #include "collectives/ep/ep_group.h"
 #include "plugin/params.h"
 #include "tuner/ep_policy.h"
 
+using unifab::collectives::requireStructSize;
 using unifab::Result;
 using unifab::kLogInit;
 using unifab::collectives::ep::aligned16;
@@ -108,11 +110,7 @@ Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
 
 Result unifabEpGroup::validateLowLatencyDispatch(const unifabEpLowLatencyDispatchArgs_t& a, cudaStream_t stream,
                                                  unifabEpHandle* receiving) const {
-  if (a.size < sizeof(unifabEpLowLatencyDispatchArgs_t)) {
-    return UF_ERROR(unifabInvalidArgument, kExt,
-                    "args->size=%zu, expected %zu: initialise it with UNIFAB_EP_LL_DISPATCH_ARGS_INIT", a.size,
-                    sizeof(unifabEpLowLatencyDispatchArgs_t));
-  }
+  UF_CHECK(requireStructSize(a, "args", "initialise it with UNIFAB_EP_LL_DISPATCH_ARGS_INIT"));
   if (!validPhase(rawEnum(a.phase))) {
     return UF_ERROR(unifabInvalidArgument, kExt, "phase=%d is not a unifabEpPhase_t value (0..2)", rawEnum(a.phase));
   }
@@ -186,10 +184,7 @@ Result unifabEpGroup::lowLatencyDispatch(const unifabEpLowLatencyDispatchArgs_t&
   const bool receiveOnly = a.size >= sizeof(a) && rawEnum(a.phase) == unifabEpReceiveOnly;
   UF_CHECK(validateLowLatencyDispatch(a, stream, receiveOnly ? *handleOut : nullptr));
   if (!receiveOnly && out == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "result=NULL for a send phase");
-  if (out != nullptr && out->size < sizeof(unifabEpLowLatencyDispatchResult_t)) {
-    return UF_ERROR(unifabInvalidArgument, kExt, "result->size=%zu, expected %zu: set it to the struct's size",
-                    out->size, sizeof(unifabEpLowLatencyDispatchResult_t));
-  }
+  if (out != nullptr) UF_CHECK(requireStructSize(*out, "result", "set it to the struct's size"));
   const kep::LlView& v = llView_;
   const int parts = kep::llParts(v.hidden);
   std::unique_ptr<unifabEpHandle> created;
@@ -246,11 +241,7 @@ Result unifabEpGroup::lowLatencyCombine(unifabEpHandle* h, const unifabEpLowLate
     return UF_ERROR(unifabInvalidUsage, kExt, "the group was created for high throughput: use unifabEpCombine");
   }
   UF_CHECK(asyncError());
-  if (a.size < sizeof(unifabEpLowLatencyCombineArgs_t)) {
-    return UF_ERROR(unifabInvalidArgument, kExt,
-                    "args->size=%zu, expected %zu: initialise it with UNIFAB_EP_LL_COMBINE_ARGS_INIT", a.size,
-                    sizeof(unifabEpLowLatencyCombineArgs_t));
-  }
+  UF_CHECK(requireStructSize(a, "args", "initialise it with UNIFAB_EP_LL_COMBINE_ARGS_INIT"));
   if (h == nullptr || !isLiveHandle(h) || h->groupId != id_ || !h->lowLatency) {
     return UF_ERROR(unifabInvalidArgument, kExt, "handle does not come from a low-latency dispatch on this group");
   }

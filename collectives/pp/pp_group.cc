@@ -9,9 +9,11 @@
 #include "collectives/common/cuda_check.h"
 #include "collectives/common/device_range.h"
 #include "collectives/common/device_guard.h"
+#include "collectives/common/struct_size.h"
 #include "collectives/pp/pp_plan.h"
 #include "plugin/params.h"
 
+using unifab::collectives::requireStructSize;
 using unifab::Result;
 using unifab::kLogInit;
 
@@ -179,11 +181,7 @@ Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t& config, un
   auto checkConfig = [&]() -> Result {
     // A rank on the wrong current device takes part too (the agreement runs on the communicator's).
     UF_CHECK(unifab::collectives::requireCommDevice(comm));
-    if (!sized) {
-      return UF_ERROR(unifabInvalidArgument, kExt,
-                      "config->size=%zu, expected %zu: initialise it with UNIFAB_PP_CONFIG_INIT", config.size,
-                      sizeof(unifabPpConfig_t));
-    }
+    UF_CHECK(requireStructSize(config, "config", "initialise it with UNIFAB_PP_CONFIG_INIT"));
     if (chunkBytes % 16 != 0 || chunkBytes > pp::kMaxChunkBytes) {
       return UF_ERROR(unifabInvalidArgument, kExt, "config->chunkBytes=%zu must be a multiple of 16 in 16..%zu (0: %zu)",
                       config.chunkBytes, pp::kMaxChunkBytes, pp::kDefaultChunkBytes);

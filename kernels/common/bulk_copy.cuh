@@ -47,10 +47,6 @@ __device__ __forceinline__ void barrierWait(uint64_t* barrier, uint32_t phase) {
   }
 }
 
-// Orders this thread's earlier generic accesses (reads of a shared buffer, an acquire of a flag
-// that published global data) before its later bulk copies.
-__device__ __forceinline__ void proxyFenceAsync() { asm volatile("fence.proxy.async;" ::: "memory"); }
-
 // Stores `bytes` of shared memory to global memory (local, or a peer's through an NVLink mapping)
 // as one bulk group of the issuing thread.
 __device__ __forceinline__ void bulkStore(void* globalDst, const void* sharedSrc, uint32_t bytes) {
