@@ -93,17 +93,40 @@ int CostModel::networkChannels(int collective, int algorithm, size_t bytes) cons
   return static_cast<int>(std::clamp(wanted, fewest, static_cast<double>(kNcclMaxChannels)));
 }
 
+int CostModel::nvlinkLlChannels(int collective, int algorithm, int protocol, size_t bytes) const {
+  Pattern p{};
+  if (protocol != kLL || algorithm != kRing || topology_.nNodes != 1 || !usable() || !pattern(collective, algorithm, &p)) {
+    return 0;
+  }
+  const double wireBytes = static_cast<double>(bytes) * p.busFactor;
+  if (wireBytes < constants_.nvlinkLlSpreadBytes) return 0;
+  const double wanted = std::ceil(wireBytes / std::max(1.0, constants_.nvlinkLlBytesPerChannel));
+  return static_cast<int>(std::clamp(wanted, 1.0, static_cast<double>(kNcclMaxChannels)));
+}
+
+int CostModel::channels(int collective, int algorithm, int protocol, size_t bytes) const {
+  const int network = networkChannels(collective, algorithm, bytes);
+  return network > 0 ? network : nvlinkLlChannels(collective, algorithm, protocol, bytes);
+}
+
 double CostModel::estimateUs(int collective, int algorithm, int protocol, size_t bytes, int numPipeOps) const {
   if (protocol < 0 || protocol >= kNumProtocols || !usable()) return -1.0;
   Pattern p{};
   if (!pattern(collective, algorithm, &p)) return -1.0;
+  // Simple's and LL128's NVLink corrections were measured inside one node only; across nodes the
+  // network's own hops dominate.
+  const bool nvlinkOnly = p.intraHops > 0 && p.interHops == 0;
+  // LL128's was measured on rings; NCCL's tree ran LL128 slower than the ring at every size.
+  const bool nvlinkRingLl128 = protocol == kLL128 && algorithm == kRing && nvlinkOnly;
+  double base = latency_.base[algorithm][protocol];
+  if (nvlinkRingLl128) base = std::max(0.0, base + constants_.nvlinkLl128BaseUs);
   // Ops aggregated in one group share a launch: the base latency is paid once for all of them.
-  double alpha = latency_.base[algorithm][protocol] / std::max(1, numPipeOps) +
-                 p.intraHops * latency_.hop[kLinkNvlink][algorithm][protocol] +
+  double alpha = base / std::max(1, numPipeOps) + p.intraHops * latency_.hop[kLinkNvlink][algorithm][protocol] +
                  p.interHops * latency_.hop[kLinkNet][algorithm][protocol];
-  // Measured inside one NVLink node only; across nodes the network's own hops dominate Simple's.
-  if (protocol == kSimple && p.intraHops > 0 && p.interHops == 0) alpha += constants_.nvlinkSimpleStartUs;
-  double bandwidth = bottleneckGBps() * constants_.protocolEfficiency[protocol] * p.efficiency;
+  if (protocol == kSimple && nvlinkOnly) alpha += constants_.nvlinkSimpleStartUs;
+  const double payload =
+      nvlinkRingLl128 ? constants_.nvlinkLl128Efficiency : constants_.protocolEfficiency[protocol];
+  double bandwidth = bottleneckGBps() * payload * p.efficiency;
   // NCCL's llMaxBws caps LL where the pattern crosses the network. Inside an NVLink domain LL is
   // bound by its payload fraction of the link (protocolEfficiency) instead: NCCL's Hopper cap
   // (141 GB/s) is below what Ring-LL moved on 2 x H200 (161-164 GB/s on 32 channels from 256 KiB

@@ -52,6 +52,22 @@ struct ModelConstants {
   // all-gather's and all-reduce's larger excess is LL's slower two-way rate, which the model's
   // single link rate leaves out. Without it broadcast 2 MiB ran Simple, 8.8 % behind LL.
   double nvlinkSimpleStartUs = 3.0;
+  // LL128 on NVLink starts earlier and moves less than NCCL's constants and its 120/128 payload
+  // fraction say. Fits of the x4 graph-timed 2 x H200 sweep (docs/benchmarks/tuner.md, eighth run;
+  // 24 channels, 4 and 16 MiB) put LL128's start at 10.5-12.8 us for one- and two-step rings, where
+  // NCCL's base and hop latencies give 15.9-17.8, and its rate per wire byte at 0.83-0.93 of
+  // Simple's in all four ops. Without them the model never chose LL128, and NCCL's LL or Simple ran
+  // 9 % (all-reduce) and 28 % (all-gather) behind Ring-LL128-24 at 4 MiB. The start correction
+  // shifts NCCL's base latency, so aggregated ops share it like the rest of the base.
+  double nvlinkLl128BaseUs = -5.0;
+  double nvlinkLl128Efficiency = 0.85;
+  // LL inside an NVLink domain: NCCL gives LL one channel per ~8 KiB of nBytes (2 channels at
+  // 16 KiB, 8 at 64 KiB), where the sweep's ring broadcasts ran 0.5 us faster on 8 channels at
+  // 16 KiB and on 24 at 64 KiB (5.2 against 5.7 us, 5.5 against 6.0). From nvlinkLlSpreadBytes of
+  // wire bytes per rank the model asks for a channel per nvlinkLlBytesPerChannel; NCCL caps the
+  // count at the channels it built. Below, NCCL's count stands (one or two channels, as fast).
+  double nvlinkLlBytesPerChannel = 2.0 * 1024;
+  double nvlinkLlSpreadBytes = 16.0 * 1024;
   // Over unifab's sockets each channel is a connection of its own, with per-message costs in
   // NCCL's proxy and the transport: a channel earns its place once it carries this much of a
   // rank's wire bytes. Measured (docs/benchmarks/tuner.md, fifth run): 2 channels beat 8 by up to
@@ -81,6 +97,13 @@ class CostModel {
   // 0, keeping NCCL's count, inside one node, over any other transport (not measured), and for
   // patterns the model does not cover.
   int networkChannels(int collective, int algorithm, size_t bytes) const;
+  // Channels for a ring LL pattern inside one NVLink domain: one per nvlinkLlBytesPerChannel of
+  // the busiest rank's wire bytes from nvlinkLlSpreadBytes on; 0 (NCCL's count) below, for other
+  // protocols and algorithms, and across nodes.
+  int nvlinkLlChannels(int collective, int algorithm, int protocol, size_t bytes) const;
+  // The channel count the tuner hands NCCL for the chosen entry: networkChannels where it applies,
+  // else nvlinkLlChannels; 0 keeps NCCL's.
+  int channels(int collective, int algorithm, int protocol, size_t bytes) const;
 
   const Topology& topology() const { return topology_; }
 

@@ -24,7 +24,7 @@ void Tuner::decide(int collective, size_t bytes, int numPipeOps, int regBuff, fl
   int modelChannels = 0;
   const int best = bestEntry(table, numAlgorithms, numProtocols);
   if (modelled && best >= 0 && channels != nullptr) {
-    modelChannels = model_.networkChannels(collective, best / numProtocols, bytes);
+    modelChannels = model_.channels(collective, best / numProtocols, best % numProtocols, bytes);
     if (modelChannels > 0) *channels = modelChannels;
   }
   logChoice(collective, bytes, best, numProtocols, modelled ? "the model" : "NCCL's table", modelChannels);
