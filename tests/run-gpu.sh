@@ -221,10 +221,17 @@ for step in $steps; do
       [ "$net" = unifab ] && speed="--socket-speed-mbps 80000" channels=1,2,8 sizes="--min 16 --max 256M --factor 4"
       channels=${UNIFAB_TUNESWEEP_CHANNELS:-$channels}
       sizes=${UNIFAB_TUNESWEEP_SIZES:-$sizes}
-      "$bench" tune-sweep --net $net --ops "${UNIFAB_TUNESWEEP_OPS:-all_reduce,all_gather,reduce_scatter,broadcast}" \
-        $sizes --iters 20 --warmup 5 --reps "${UNIFAB_TUNESWEEP_REPS:-3}" --channels $channels --log-tuning $speed \
-        --out "$logs/tune-sweep-$net" >"$logs/tune-sweep-$net.txt" 2>&1 || failed=1
+      sweep=(--net $net --ops "${UNIFAB_TUNESWEEP_OPS:-all_reduce,all_gather,reduce_scatter,broadcast}" $sizes
+             --reps "${UNIFAB_TUNESWEEP_REPS:-3}" --channels $channels --log-tuning --out "$logs/tune-sweep-$net")
+      "$bench" tune-sweep "${sweep[@]}" --iters 20 --warmup 5 $speed >"$logs/tune-sweep-$net.txt" 2>&1 || failed=1
       grep -E "^#|^  " "$logs/tune-sweep-$net.txt" | tee -a "$summary"
+      # Whole processes land in a fast or a slow mode 15-25 % apart (docs/benchmarks/tuner.md, eighth
+      # run): the same sweep again with each configuration's fastest repetition, from its logs.
+      say "== the same sweep, fastest of the repetitions (--from-logs --rep-stat min)"
+      "$bench" tune-sweep "${sweep[@]}" --from-logs --nranks "$(nvidia-smi -L | grep -c '^GPU')" --rep-stat min \
+        >"$logs/tune-sweep-$net-min.txt" 2>&1 || failed=1
+      grep -E "^# [a-z_]+ over|^# acceptance|^# worst|^# at the|^# where|^ +[0-9]+ [A-Z]" "$logs/tune-sweep-$net-min.txt" |
+        tee -a "$summary"
     done
     ;;
   epsweep)

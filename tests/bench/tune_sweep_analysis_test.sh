@@ -19,6 +19,14 @@ csv() {
   done
 }
 
+# slow_rep DIR LABEL REP US_256K US_2M: one repetition of a configuration ran slower (a process in
+# the machines' slow mode).
+slow_rep() {
+  printf 'collective,ranks,net,bytes,time_us,p90_us,algbw_gbs,busbw_gbs,wrong\n' >"$1/broadcast.nvlink.$2.rep$3.csv"
+  printf 'broadcast,2,net=nvlink,262144,%s,0,0,0,0\nbroadcast,2,net=nvlink,2097152,%s,0,0,0,0\n' "$4" "$5" \
+    >>"$1/broadcast.nvlink.$2.rep$3.csv"
+}
+
 # log DIR LABEL CHOICE_256K CHOICE_2M: what NCCL logged for that configuration's calls
 # (a choice: "PROTO CHANNELS", e.g. "LL 24").
 log() {
@@ -50,7 +58,8 @@ check() {
   local name="$1" expected="$2" output status pattern
   shift 2
   output=$("$bench" tune-sweep --from-logs --nranks 2 --net nvlink --ops broadcast --channels 8,24 \
-    --protocols LL,Simple --min 256K --max 2M --factor 8 --reps 3 --max-gap 5 --max-slowdown 2 --out "$work/$name" 2>&1)
+    --protocols LL,Simple --min 256K --max 2M --factor 8 --reps 3 --max-gap 5 --max-slowdown 2 --out "$work/$name" \
+    ${rep_stat:+--rep-stat $rep_stat} 2>&1)
   status=$?
   if [ "$status" != "$expected" ]; then
     echo "FAIL $name: exit status $status, expected $expected"
@@ -118,6 +127,17 @@ baseline "$work/slower-than-default"
 csv "$work/slower-than-default" unifab-tuner 10.1 20.9;         log "$work/slower-than-default" unifab-tuner "LL 24" "LL 24"
 csv "$work/slower-than-default" unifab-tuner-built24 10.1 20.9; log "$work/slower-than-default" unifab-tuner-built24 "LL 24" "LL 24"
 check slower-than-default 3 "another choice: 4\.5%" "FAIL: where unifab's tuner chose otherwise than NCCL's default it was 4\.5% slower"
+
+# Two of the tuner's three processes ran in the slow mode at 256 KiB (13.0 against 10.2): the
+# median is the slow mode, 30 % behind the best on the very same call; the fastest repetition is 2 %.
+baseline "$work/slow-mode"
+csv "$work/slow-mode" unifab-tuner 10.2 20.1;         log "$work/slow-mode" unifab-tuner "LL 24" "Simple 24"
+csv "$work/slow-mode" unifab-tuner-built24 10.1 20.2; log "$work/slow-mode" unifab-tuner-built24 "LL 24" "Simple 24"
+slow_rep "$work/slow-mode" unifab-tuner 1 13.0 20.1
+slow_rep "$work/slow-mode" unifab-tuner 2 13.0 20.1
+check slow-mode 0 "median over 3 repetitions" "default build \(24 channels\).*noise: up to 30\.0%"
+rep_stat=min check slow-mode 0 "fastest over 3 repetitions" "default build \(24 channels\).*another choice: 0\.0% \(where it ran that one's very choice, noise: up to 2\.0%\)"
+rep_stat=bogus check slow-mode 2 "--rep-stat is median or min"
 
 # No CSVs at all: the analysis says so and fails rather than reporting an empty acceptance.
 mkdir -p "$work/empty"
