@@ -228,9 +228,12 @@ for step in $steps; do
       # Whole processes land in a fast or a slow mode 15-25 % apart (docs/benchmarks/tuner.md, eighth
       # run): the same sweep again with each configuration's fastest repetition, from its logs.
       say "== the same sweep, fastest of the repetitions (--from-logs --rep-stat min)"
-      "$bench" tune-sweep "${sweep[@]}" --from-logs --nranks "$(nvidia-smi -L | grep -c '^GPU')" --rep-stat min \
+      # The ranks the sweep ran, from its CSVs' ranks column (what cudaGetDeviceCount gave it).
+      ranks=$(awk -F, 'FNR == 2 { print $2; exit }' "$logs/tune-sweep-$net"/*.rep1.csv 2>/dev/null)
+      "$bench" tune-sweep "${sweep[@]}" --from-logs --nranks "${ranks:-0}" --rep-stat min \
         >"$logs/tune-sweep-$net-min.txt" 2>&1 || failed=1
-      grep -E "^# [a-z_]+ over|^# acceptance|^# worst|^# at the|^# where|^ +[0-9]+ [A-Z]" "$logs/tune-sweep-$net-min.txt" |
+      grep -E "^# [a-z_]+ over|^# \(fastest|^# +bytes|^# acceptance|^# worst|^# at the|^# where|^ +[0-9]+ [A-Z]" \
+        "$logs/tune-sweep-$net-min.txt" |
         tee -a "$summary"
     done
     ;;

@@ -95,7 +95,8 @@ int CostModel::networkChannels(int collective, int algorithm, size_t bytes) cons
 
 int CostModel::nvlinkLlChannels(int collective, int algorithm, int protocol, size_t bytes) const {
   Pattern p{};
-  if (protocol != kLL || algorithm != kRing || topology_.nNodes != 1 || !usable() || !pattern(collective, algorithm, &p)) {
+  if (protocol != kLL || algorithm != kRing || topology_.nNodes != 1 || topology_.nRanks != 2 || !usable() ||
+      !pattern(collective, algorithm, &p)) {
     return 0;
   }
   const double wireBytes = static_cast<double>(bytes) * p.busFactor;

@@ -61,11 +61,13 @@ struct ModelConstants {
   // shifts NCCL's base latency, so aggregated ops share it like the rest of the base.
   double nvlinkLl128BaseUs = -5.0;
   double nvlinkLl128Efficiency = 0.85;
-  // LL inside an NVLink domain: NCCL gives LL one channel per ~8 KiB of nBytes (2 channels at
-  // 16 KiB, 8 at 64 KiB), where the sweep's ring broadcasts ran 0.5 us faster on 8 channels at
-  // 16 KiB and on 24 at 64 KiB (5.2 against 5.7 us, 5.5 against 6.0). From nvlinkLlSpreadBytes of
-  // wire bytes per rank the model asks for a channel per nvlinkLlBytesPerChannel; NCCL caps the
-  // count at the channels it built. Below, NCCL's count stands (one or two channels, as fast).
+  // LL inside an NVLink domain of two ranks: NCCL gives LL one channel per ~8 KiB of nBytes there
+  // (2 channels at 16 KiB, 8 at 64 KiB), where the sweep's ring broadcasts ran 0.5 us faster on 8
+  // channels at 16 KiB and on 24 at 64 KiB (5.2 against 5.7 us, 5.5 against 6.0). From
+  // nvlinkLlSpreadBytes of wire bytes per rank the model asks for a channel per
+  // nvlinkLlBytesPerChannel; NCCL caps the count at the channels it built. Below, NCCL's count
+  // stands (one or two channels, as fast). With more ranks NCCL's per-channel threshold grows and
+  // a ring step carries nBytes / nRanks: not measured, so NCCL's count stands there.
   double nvlinkLlBytesPerChannel = 2.0 * 1024;
   double nvlinkLlSpreadBytes = 16.0 * 1024;
   // Over unifab's sockets each channel is a connection of its own, with per-message costs in
@@ -97,9 +99,9 @@ class CostModel {
   // 0, keeping NCCL's count, inside one node, over any other transport (not measured), and for
   // patterns the model does not cover.
   int networkChannels(int collective, int algorithm, size_t bytes) const;
-  // Channels for a ring LL pattern inside one NVLink domain: one per nvlinkLlBytesPerChannel of
-  // the busiest rank's wire bytes from nvlinkLlSpreadBytes on; 0 (NCCL's count) below, for other
-  // protocols and algorithms, and across nodes.
+  // Channels for a ring LL pattern between two ranks of one NVLink domain: one per
+  // nvlinkLlBytesPerChannel of the busiest rank's wire bytes from nvlinkLlSpreadBytes on; 0
+  // (NCCL's count) below, for other protocols and algorithms, for more ranks and across nodes.
   int nvlinkLlChannels(int collective, int algorithm, int protocol, size_t bytes) const;
   // The channel count the tuner hands NCCL for the chosen entry: networkChannels where it applies,
   // else nvlinkLlChannels; 0 keeps NCCL's.

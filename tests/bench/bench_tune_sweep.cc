@@ -252,9 +252,11 @@ int runTuneSweep(Args& args, const char* self) {
     return 2;
   }
   mkdir(out.c_str(), 0755);
-  FILE* summary = fopen((out + "/summary.csv").c_str(), "w");
+  // A second analysis of the same folder by the fastest repetition keeps the median's summary.
+  const std::string summaryPath = out + (repStat == "min" ? "/summary-min.csv" : "/summary.csv");
+  FILE* summary = fopen(summaryPath.c_str(), "w");
   if (summary == nullptr) {
-    fprintf(stderr, "unifab-bench tune-sweep: cannot write %s/summary.csv\n", out.c_str());
+    fprintf(stderr, "unifab-bench tune-sweep: cannot write %s\n", summaryPath.c_str());
     return 1;
   }
   fprintf(summary, "op,net,bytes,best_config,best_us,tuner_us,tuner_gap_pct,default_us,default_gap_pct,"

@@ -376,6 +376,10 @@ TEST(CostModel, NvlinkLlChannelsFollowTheWireBytesPerRank) {
   EXPECT_EQ(inside.nvlinkLlChannels(kAllReduce, kTree, kLL, 1 << 20), 0);
   EXPECT_EQ(CostModel(topology(8, 2), nccl2289Latencies(2)).nvlinkLlChannels(kAllReduce, kRing, kLL, 1 << 20), 0)
       << "across nodes";
+  for (int gpus : {4, 8}) {
+    EXPECT_EQ(CostModel(topology(gpus, 1), nccl2289Latencies(1)).nvlinkLlChannels(kAllReduce, kRing, kLL, 1 << 20), 0)
+        << gpus << " ranks: NCCL's per-channel threshold grows with them, not measured";
+  }
   EXPECT_EQ(inside.channels(kBroadcast, kRing, kLL, 64 << 10), 32);
   Tuner tuner(1, inside, TunerSettings{});
   Table table(algorithmsNcclOffers(kBroadcast, topology(2, 1)));
@@ -404,8 +408,13 @@ TEST(CostModel, Ll128CorrectionsOnlyOnNvlinkRings) {
     EXPECT_DOUBLE_EQ(across.estimateUs(kAllReduce, kRing, kLL128, bytes), acrossWithout.estimateUs(kAllReduce, kRing, kLL128, bytes))
         << gpus << "x" << nodes;
   }
-  // Aggregated ops share the corrected base, which never goes below zero.
-  EXPECT_GT(inside.estimateUs(kBroadcast, kRing, kLL128, 8, 64), 0);
+  // Aggregated ops share the corrected base, which never goes below zero: with a correction larger
+  // than NCCL's base, one op and 64 aggregated ones cost the same (no base left to share).
+  ModelConstants beyond;
+  beyond.nvlinkLl128BaseUs = -100;
+  CostModel floored(topology(2, 1), nccl2289Latencies(1), beyond);
+  EXPECT_GT(floored.estimateUs(kBroadcast, kRing, kLL128, 8, 1), 0);
+  EXPECT_DOUBLE_EQ(floored.estimateUs(kBroadcast, kRing, kLL128, 8, 1), floored.estimateUs(kBroadcast, kRing, kLL128, 8, 64));
 }
 
 // Simple's later start is an NVLink measurement: it moves estimates inside a node only.
