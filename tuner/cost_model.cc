@@ -88,8 +88,12 @@ int CostModel::networkChannels(int collective, int algorithm, size_t bytes) cons
     return 0;
   }
   const double wireBytes = static_cast<double>(bytes) * p.busFactor;
-  const double wanted = std::ceil(wireBytes / std::max(1.0, constants_.netBytesPerChannel));
   const double fewest = wireBytes < constants_.netOneChannelBytes ? 1.0 : std::max(1, constants_.minNetChannels);
+  return channelsFor(wireBytes, constants_.netBytesPerChannel, fewest);
+}
+
+int CostModel::channelsFor(double wireBytes, double bytesPerChannel, double fewest) {
+  const double wanted = std::ceil(wireBytes / std::max(1.0, bytesPerChannel));
   return static_cast<int>(std::clamp(wanted, fewest, static_cast<double>(kNcclMaxChannels)));
 }
 
@@ -101,8 +105,7 @@ int CostModel::nvlinkLlChannels(int collective, int algorithm, int protocol, siz
   }
   const double wireBytes = static_cast<double>(bytes) * p.busFactor;
   if (wireBytes < constants_.nvlinkLlSpreadBytes) return 0;
-  const double wanted = std::ceil(wireBytes / std::max(1.0, constants_.nvlinkLlBytesPerChannel));
-  return static_cast<int>(std::clamp(wanted, 1.0, static_cast<double>(kNcclMaxChannels)));
+  return channelsFor(wireBytes, constants_.nvlinkLlBytesPerChannel, 1.0);
 }
 
 int CostModel::channels(int collective, int algorithm, int protocol, size_t bytes) const {

@@ -118,6 +118,8 @@ class CostModel {
   };
   bool pattern(int collective, int algorithm, Pattern* out) const;
   double bottleneckGBps() const;
+  // A channel per `bytesPerChannel` of `wireBytes`, at least `fewest`, at most NCCL's most.
+  static int channelsFor(double wireBytes, double bytesPerChannel, double fewest);
 
   Topology topology_;
   LatencyConstants latency_;

@@ -26,8 +26,8 @@ class Tuner {
 
   // `table` is NCCL's float[numAlgorithms][numProtocols]; negative entries are unusable and are
   // never touched. `*channels` is written by a rule that names a channel count, and by the model
-  // where the chosen pattern crosses unifab's sockets or is a ring LL inside an NVLink domain
-  // (CostModel::channels).
+  // where the chosen pattern crosses unifab's sockets or is a ring LL between the two ranks of an
+  // NVLink domain (CostModel::channels).
   void decide(int collective, size_t bytes, int numPipeOps, int regBuff, float* table, int numAlgorithms,
               int numProtocols, int* channels) const;
 
