@@ -2,34 +2,36 @@
 #include "collectives/common/cuda_check.h"
 #include "collectives/engram/engram_table.h"
 #include "plugin/boundary.h"
+#include "plugin/live_objects.h"
 
 using unifab::LogComponent;
 using unifab::guarded;
+using unifab::LiveObjects;
+using unifab::requireLive;
 
 extern "C" {
 
 UNIFAB_API unifabResult_t unifabEngramCreate(ncclComm_t comm, const unifabEngramConfig_t* config,
                                              unifabEngramTable_t* table) {
   return guarded(LogComponent::kExt, "unifabEngramCreate", [&] {
-    if (config == nullptr || table == nullptr) {
-      return UF_ERROR(unifabInvalidArgument, kExt, "unifabEngramCreate: config and table must not be NULL");
-    }
-    *table = nullptr;
-    return unifabEngramTable::create(comm, *config, table);
+    // A NULL config or table still takes part in the ranks' agreement (create refuses it there).
+    if (table != nullptr) *table = nullptr;
+    UF_CHECK(unifabEngramTable::create(comm, config, table));
+    LiveObjects<unifabEngramTable>::add(*table);
+    return unifabSuccess;
   });
 }
 
 UNIFAB_API unifabResult_t unifabEngramDestroy(unifabEngramTable_t table) {
   return guarded(LogComponent::kExt, "unifabEngramDestroy", [&] {
-    delete table;
-    return unifabSuccess;
+    return unifab::destroyLive(table, "unifabEngramDestroy", "table");
   });
 }
 
 UNIFAB_API unifabResult_t unifabEngramWrite(unifabEngramTable_t table, int64_t firstRow, int64_t numRows,
                                             const void* rows, const float* scales, cudaStream_t stream) {
   return guarded(LogComponent::kExt, "unifabEngramWrite", [&] {
-    if (table == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "unifabEngramWrite: table=NULL");
+    UF_CHECK(requireLive(table, "unifabEngramWrite", "table"));
     return table->write(firstRow, numRows, rows, scales, stream);
   });
 }
@@ -40,6 +42,7 @@ UNIFAB_API unifabResult_t unifabEngramFetchIssue(unifabEngramTable_t table, cons
     if (table == nullptr || args == nullptr || fetch == nullptr) {
       return UF_ERROR(unifabInvalidArgument, kExt, "unifabEngramFetchIssue: table, args and fetch must not be NULL");
     }
+    UF_CHECK(requireLive(table, "unifabEngramFetchIssue", "table"));
     *fetch = nullptr;
     return table->issue(*args, stream, fetch);
   });
@@ -53,7 +56,7 @@ UNIFAB_API unifabResult_t unifabEngramWait(unifabEngramFetch_t fetch, cudaStream
 
 UNIFAB_API unifabResult_t unifabEngramGetAsyncError(unifabEngramTable_t table) {
   return guarded(LogComponent::kExt, "unifabEngramGetAsyncError", [&] {
-    if (table == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "unifabEngramGetAsyncError: table=NULL");
+    UF_CHECK(requireLive(table, "unifabEngramGetAsyncError", "table"));
     return table->asyncError();
   });
 }

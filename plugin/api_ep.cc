@@ -1,9 +1,12 @@
 // The unifabEp* C entry points: argument plumbing onto collectives/ep, exceptions kept inside.
 #include "collectives/ep/ep_group.h"
 #include "plugin/boundary.h"
+#include "plugin/live_objects.h"
 
 using unifab::LogComponent;
 using unifab::guarded;
+using unifab::LiveObjects;
+using unifab::requireLive;
 
 extern "C" {
 
@@ -18,19 +21,17 @@ UNIFAB_API unifabResult_t unifabEpBufferSize(const unifabEpConfig_t* config, int
 
 UNIFAB_API unifabResult_t unifabEpCreate(ncclComm_t comm, const unifabEpConfig_t* config, unifabEpGroup_t* group) {
   return guarded(LogComponent::kExt, "unifabEpCreate", [&] {
-    if (config == nullptr || group == nullptr) {
-      return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpCreate: config and group must not be NULL");
-    }
-    *group = nullptr;
-    return unifabEpGroup::create(comm, *config, group);
+    // A NULL config or group still takes part in the ranks' agreement (create refuses it there),
+    // so that the other ranks are not left waiting in NCCL.
+    if (group != nullptr) *group = nullptr;
+    UF_CHECK(unifabEpGroup::create(comm, config, group));
+    LiveObjects<unifabEpGroup>::add(*group);
+    return unifabSuccess;
   });
 }
 
 UNIFAB_API unifabResult_t unifabEpDestroy(unifabEpGroup_t group) {
-  return guarded(LogComponent::kExt, "unifabEpDestroy", [&] {
-    delete group;
-    return unifabSuccess;
-  });
+  return guarded(LogComponent::kExt, "unifabEpDestroy", [&] { return unifab::destroyLive(group, "unifabEpDestroy", "group"); });
 }
 
 UNIFAB_API unifabResult_t unifabEpDispatch(unifabEpGroup_t group, const unifabEpDispatchArgs_t* args,
@@ -40,6 +41,7 @@ UNIFAB_API unifabResult_t unifabEpDispatch(unifabEpGroup_t group, const unifabEp
     if (group == nullptr || args == nullptr || handle == nullptr || result == nullptr) {
       return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpDispatch: group, args, handle and result must not be NULL");
     }
+    UF_CHECK(requireLive(group, "unifabEpDispatch", "group"));
     return group->dispatch(*args, stream, handle, result);
   });
 }
@@ -50,6 +52,7 @@ UNIFAB_API unifabResult_t unifabEpCombine(unifabEpGroup_t group, unifabEpHandle_
     if (group == nullptr || args == nullptr) {
       return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpCombine: group and args must not be NULL");
     }
+    UF_CHECK(requireLive(group, "unifabEpCombine", "group"));
     return group->combine(handle, *args, stream);
   });
 }
@@ -59,6 +62,7 @@ UNIFAB_API unifabResult_t unifabEpCombineInputBuffer(unifabEpGroup_t group, void
     if (group == nullptr || buffer == nullptr) {
       return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpCombineInputBuffer: group and buffer must not be NULL");
     }
+    UF_CHECK(requireLive(group, "unifabEpCombineInputBuffer", "group"));
     return group->combineInputBuffer(buffer, maxRows);
   });
 }
@@ -70,6 +74,7 @@ UNIFAB_API unifabResult_t unifabEpLowLatencyDispatch(unifabEpGroup_t group, cons
     if (group == nullptr || args == nullptr || handle == nullptr) {
       return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpLowLatencyDispatch: group, args and handle must not be NULL");
     }
+    UF_CHECK(requireLive(group, "unifabEpLowLatencyDispatch", "group"));
     return group->lowLatencyDispatch(*args, stream, handle, result);
   });
 }
@@ -80,6 +85,7 @@ UNIFAB_API unifabResult_t unifabEpLowLatencyCombine(unifabEpGroup_t group, unifa
     if (group == nullptr || args == nullptr) {
       return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpLowLatencyCombine: group and args must not be NULL");
     }
+    UF_CHECK(requireLive(group, "unifabEpLowLatencyCombine", "group"));
     return group->lowLatencyCombine(handle, *args, stream);
   });
 }
@@ -90,7 +96,7 @@ UNIFAB_API unifabResult_t unifabEpHandleDestroy(unifabEpHandle_t handle) {
 
 UNIFAB_API unifabResult_t unifabEpGetAsyncError(unifabEpGroup_t group) {
   return guarded(LogComponent::kExt, "unifabEpGetAsyncError", [&] {
-    if (group == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "unifabEpGetAsyncError: group=NULL");
+    UF_CHECK(requireLive(group, "unifabEpGetAsyncError", "group"));
     return group->asyncError();
   });
 }

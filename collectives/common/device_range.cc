@@ -30,8 +30,30 @@ Result checkStreamDevice(cudaStream_t stream, int device) {
   return unifabSuccess;
 }
 
+namespace {
+
+// Pointer queries are pure, but a thread inside a global or thread-local stream capture is barred
+// from "potentially unsafe" calls, which would fail and invalidate the caller's capture: the
+// queries run in relaxed mode, the thread's own mode restored after.
+class RelaxedCaptureScope {
+ public:
+  RelaxedCaptureScope() { ok_ = cudaThreadExchangeStreamCaptureMode(&previous_) == cudaSuccess; }
+  ~RelaxedCaptureScope() {
+    if (ok_) (void)cudaThreadExchangeStreamCaptureMode(&previous_);
+  }
+  RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
+  RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
+
+ private:
+  cudaStreamCaptureMode previous_ = cudaStreamCaptureModeRelaxed;
+  bool ok_ = false;
+};
+
+}  // namespace
+
 Result checkDeviceRange(const void* data, size_t bytes, int device, const char* name) {
   if (bytes == 0) return unifabSuccess;
+  RelaxedCaptureScope relaxed;
   cudaPointerAttributes attributes{};
   UF_CUDA_CHECK(cudaPointerGetAttributes(&attributes, data));
   const bool managed = attributes.type == cudaMemoryTypeManaged;
@@ -61,6 +83,21 @@ Result checkDeviceRange(const void* data, size_t bytes, int device, const char* 
       }
     }
   }
+  return unifabSuccess;
+}
+
+Result CheckedRanges::check(const void* data, size_t bytes, int device, const char* name) {
+  if (bytes == 0) return unifabSuccess;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = passed_.find(data);
+    if (it != passed_.end() && it->second >= bytes) return unifabSuccess;
+  }
+  UF_CHECK(checkDeviceRange(data, bytes, device, name));
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (passed_.size() >= kRemembered) passed_.clear();
+  size_t& known = passed_[data];
+  known = known > bytes ? known : bytes;
   return unifabSuccess;
 }
 

@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <unordered_map>
 
 #include "plugin/check.h"
 
@@ -37,5 +39,18 @@ Result checkStreamDevice(cudaStream_t stream, int device);
 // unifabInvalidArgument (naming `name`) unless [data, data + bytes) is device memory of CUDA
 // device `device`, or managed memory, within one allocation. bytes == 0 passes.
 Result checkDeviceRange(const void* data, size_t bytes, int device, const char* name);
+
+// checkDeviceRange for an operation called again and again with the same buffers (a decoding
+// loop): a pointer that passed with at least as many bytes is not asked about again, so only new
+// buffers cost the driver's queries. Remembers up to kRemembered pointers, then starts over.
+class CheckedRanges {
+ public:
+  Result check(const void* data, size_t bytes, int device, const char* name);
+
+ private:
+  static constexpr size_t kRemembered = 64;
+  std::mutex mutex_;
+  std::unordered_map<const void*, size_t> passed_;  // pointer -> bytes it passed with
+};
 
 }  // namespace unifab::collectives

@@ -132,7 +132,7 @@ DeviceComm::~DeviceComm() {
   if (it->second->comm.expired()) g_registry.erase(it);
 }
 
-Result SymmetricWindow::create(std::shared_ptr<DeviceComm> comm, size_t bytes, bool locallyReady,
+Result SymmetricWindow::create(std::shared_ptr<DeviceComm> comm, size_t bytes, bool locallyReady, const char* sizedBy,
                                std::unique_ptr<SymmetricWindow>* out) {
   std::unique_ptr<SymmetricWindow> created(new SymmetricWindow());
   created->comm_ = comm;
@@ -143,6 +143,15 @@ Result SymmetricWindow::create(std::shared_ptr<DeviceComm> comm, size_t bytes, b
   const size_t probeOffset = total - 16;
   // This rank's memory (the largest allocation of an operation) before any rank registers.
   auto prepare = [&]() -> Result {
+    // A configuration too large for the GPU is the caller's argument: say which and by how much,
+    // rather than only that the allocation failed.
+    size_t freeBytes = 0, deviceBytes = 0;
+    UF_CUDA_CHECK(cudaMemGetInfo(&freeBytes, &deviceBytes));
+    if (total > freeBytes) {
+      return UF_ERROR(unifabInvalidArgument, kExt,
+                      "the window of %zu MiB that %s ask for exceeds this GPU's free memory (%zu of %zu MiB)",
+                      total >> 20, sizedBy, freeBytes >> 20, deviceBytes >> 20);
+    }
     void* memory = nullptr;
     UF_NCCL_CHECK(n.memAlloc(&memory, total), comm->comm());
     created->local_ = static_cast<char*>(memory);

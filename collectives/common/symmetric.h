@@ -47,8 +47,9 @@ class SymmetricWindow {
   // Every rank calls it, `locallyReady` false where the caller's own preparation failed: the ranks
   // agree (agreement.h) before registering, after it and after checking the peers' copies, so a
   // rank that fails anywhere is refused with all the others instead of leaving them in NCCL. A
-  // rank that was not ready gets unifabInvalidArgument and returns its own error.
-  static Result create(std::shared_ptr<DeviceComm> comm, size_t bytes, bool locallyReady,
+  // rank that was not ready gets unifabInvalidArgument and returns its own error. `sizedBy` names
+  // what set `bytes` (the caller's configuration fields), for the error when they do not fit.
+  static Result create(std::shared_ptr<DeviceComm> comm, size_t bytes, bool locallyReady, const char* sizedBy,
                        std::unique_ptr<SymmetricWindow>* out);
   // What create(bytes) allocates and registers: the bytes, 16-aligned, then a 16-byte probe.
   static size_t registeredBytes(size_t bytes) { return (bytes + 15) / 16 * 16 + 16; }

@@ -50,13 +50,20 @@ std::unordered_set<const unifabEngramFetch*>& liveFetches() {
 
 }  // namespace
 
-Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& config, unifabEngramTable** out) {
+Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t* given, unifabEngramTable** out) {
   // Only what makes a collective step impossible returns before the first one.
   if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
   const unifab::collectives::NcclRuntime* nccl = nullptr;
   UF_CHECK(unifab::collectives::ncclRuntime(&nccl));
-  const bool sized = config.size >= sizeof(unifabEngramConfig_t);
+  const bool present = given != nullptr && out != nullptr;
+  const unifabEngramConfig_t absent{};  // size 0: refused below
+  const unifabEngramConfig_t& config = given != nullptr ? *given : absent;
+  const bool sized = present && config.size >= sizeof(unifabEngramConfig_t);
   auto checkConfig = [&]() -> Result {
+    if (!present) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "unifabEngramCreate: config=%p and table=%p must not be NULL",
+                      static_cast<const void*>(given), static_cast<void*>(out));
+    }
     // A rank on the wrong current device takes part too (the agreement runs on the communicator's).
     UF_CHECK(unifab::collectives::requireCommDevice(comm));
     UF_CHECK(requireStructSize(config, "config", "initialise it with UNIFAB_ENGRAM_CONFIG_INIT"));
@@ -111,8 +118,8 @@ Result unifabEngramTable::create(ncclComm_t comm, const unifabEngramConfig_t& co
     return unifabSuccess;
   };
   const Result allocated = allocateLocal();
-  const Result windowed = unifab::collectives::SymmetricWindow::create(table->comm_, windowBytes,
-                                                                       allocated == unifabSuccess, &table->window_);
+  const Result windowed = unifab::collectives::SymmetricWindow::create(
+      table->comm_, windowBytes, allocated == unifabSuccess, "config->rowsPerRank x config->rowBytes", &table->window_);
   if (allocated != unifabSuccess) return allocated;
   UF_CHECK(windowed);
   ken::TableView& v = table->view_;
@@ -206,8 +213,13 @@ Result unifabEngramTable::validate(const unifabEngramFetchArgs_t& a, cudaStream_
     return UF_ERROR(unifabInvalidArgument, kExt, "numRows=%zu exceeds %zu (numRows x rowBytes=%zu must fit int64)",
                     a.numRows, maxRows, config_.rowBytes);
   }
+  const size_t idBytes = rawEnum(a.rowIdType) == unifabEpIndexInt32 ? sizeof(int32_t) : sizeof(int64_t);
   if (a.numRows > 0) {
     if (a.rowIds == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "rowIds=NULL with numRows=%zu", a.numRows);
+    // The gather kernel loads each id whole: a misaligned one faults the context.
+    if (!unifab::collectives::alignedTo(a.rowIds, idBytes)) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "rowIds=%p must be aligned to its %zu-byte ids", a.rowIds, idBytes);
+    }
     if (a.hostRowIds != 0) {
       // Read on the host: device memory there would fault the process instead of failing the call.
       cudaPointerAttributes where{};
@@ -220,8 +232,10 @@ Result unifabEngramTable::validate(const unifabEngramFetchArgs_t& a, cudaStream_
     if (a.out == nullptr || !aligned16(a.out)) {
       return UF_ERROR(unifabInvalidArgument, kExt, "out=%p must be a non-NULL device pointer aligned to 16 bytes", a.out);
     }
-    if (config_.rowScales && a.outScales == nullptr) {
-      return UF_ERROR(unifabInvalidArgument, kExt, "outScales=NULL: the table carries a scale per row");
+    if (config_.rowScales && (a.outScales == nullptr || !unifab::collectives::alignedTo(a.outScales, sizeof(float)))) {
+      return UF_ERROR(unifabInvalidArgument, kExt,
+                      "outScales=%p must be a non-NULL device pointer aligned to 4 bytes: the table carries a float "
+                      "scale per row", static_cast<const void*>(a.outScales));
     }
   }
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -233,6 +247,10 @@ Result unifabEngramTable::validate(const unifabEngramFetchArgs_t& a, cudaStream_
   }
   UF_CHECK(unifab::collectives::checkStreamDevice(stream, comm_->cudaDevice()));
   UF_CHECK(unifab::collectives::checkDeviceRange(a.out, a.numRows * config_.rowBytes, comm_->cudaDevice(), "out"));
+  if (a.hostRowIds == 0) {
+    // Read by the gather kernel: host or another GPU's memory would fault the context.
+    UF_CHECK(unifab::collectives::checkDeviceRange(a.rowIds, a.numRows * idBytes, comm_->cudaDevice(), "rowIds"));
+  }
   if (config_.rowScales) {
     UF_CHECK(unifab::collectives::checkDeviceRange(a.outScales, a.numRows * sizeof(float), comm_->cudaDevice(), "outScales"));
   }

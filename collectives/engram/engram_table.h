@@ -19,7 +19,8 @@ struct unifabEngramFetch {
 };
 
 struct unifabEngramTable {
-  static unifab::Result create(ncclComm_t comm, const unifabEngramConfig_t& config, unifabEngramTable** out);
+  // Collective; a NULL config or out is refused in the ranks' agreement (as unifabEpGroup::create).
+  static unifab::Result create(ncclComm_t comm, const unifabEngramConfig_t* config, unifabEngramTable** out);
   ~unifabEngramTable();
 
   unifab::Result write(int64_t firstRow, int64_t numRows, const void* rows, const float* scales, cudaStream_t stream);

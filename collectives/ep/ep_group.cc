@@ -181,9 +181,12 @@ Result unifabEpGroup::planLayout(const unifabEpConfig_t& config, int nRanks, kep
   return unifabSuccess;
 }
 
-Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, unifabEpGroup** out) {
+Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t* given, unifabEpGroup** out) {
   // Only what makes a collective step impossible returns before the first one.
   if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
+  const bool present = given != nullptr && out != nullptr;
+  const unifabEpConfig_t absent{};  // size 0: every check below refuses it
+  const unifabEpConfig_t& config = given != nullptr ? *given : absent;
   const unifab::collectives::NcclRuntime* nccl = nullptr;
   UF_CHECK(unifab::collectives::ncclRuntime(&nccl));
   int nRanks = 0;
@@ -191,15 +194,18 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   // Every rank learns whether every rank's configuration was valid, and the same, before any
   // rank goes further: a rank that returned alone would leave its peers waiting in NCCL, and
   // windows sized differently would let peers write past each other's.
-  const bool sized = config.size >= sizeof(unifabEpConfig_t);
+  const bool sized = present && config.size >= sizeof(unifabEpConfig_t);
   const bool lowLatency = sized && rawEnum(config.mode) == unifabEpLowLatency;  // any bit pattern may be there
   kep::WindowLayout layout{};
   kep::LlLayout llLayout{};
   // A rank on the wrong current device takes part too (the agreement runs on the communicator's).
   const Result onDevice = unifab::collectives::requireCommDevice(comm);
-  const Result planned = onDevice != unifabSuccess ? onDevice
-                         : lowLatency           ? planLowLatencyLayout(config, nRanks, &llLayout)
-                                                : planLayout(config, nRanks, &layout);
+  const Result planned =
+      !present ? UF_ERROR(unifabInvalidArgument, kExt, "unifabEpCreate: config=%p and group=%p must not be NULL",
+                          static_cast<const void*>(given), static_cast<void*>(out))
+      : onDevice != unifabSuccess ? onDevice
+      : lowLatency                ? planLowLatencyLayout(config, nRanks, &llLayout)
+                                  : planLayout(config, nRanks, &layout);
   const int64_t shared[] = {sized ? rawEnum(config.mode) : -1, sized ? config.numExperts : -1,
                             sized ? config.maxTokensPerRank : -1, sized ? config.hidden : -1, sized ? config.topk : -1};
   static const char* const kSharedNames[] = {"mode", "numExperts", "maxTokensPerRank", "hidden", "topk"};
@@ -225,7 +231,8 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t& config, un
   };
   const Result allocated = allocate();
   const Result windowed = unifab::collectives::SymmetricWindow::create(
-      group->comm_, lowLatency ? llLayout.total : layout.total, allocated == unifabSuccess, &group->window_);
+      group->comm_, lowLatency ? llLayout.total : layout.total, allocated == unifabSuccess,
+      "config->maxTokensPerRank, hidden, topk and numExperts (unifabEpBufferSize)", &group->window_);
   if (allocated != unifabSuccess) return allocated;
   UF_CHECK(windowed);
   for (int r = 0; r < dc.nRanks(); ++r) {
@@ -564,6 +571,20 @@ Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStre
   }
   UF_CHECK(validateSms(a.numSms));
   UF_CHECK(checkStream(stream, capturing));
+  {
+    const int device = comm_->cudaDevice();
+    const size_t tokens = static_cast<size_t>(a.numTokens);
+    const size_t values = tokens * config_.hidden;
+    const size_t entries = tokens * config_.topk;
+    UF_CHECK(checkedRanges_.check(a.x, values * (a.dtype == unifabEpFp8E4M3 ? 1 : 2), device, "x"));
+    if (a.dtype == unifabEpFp8E4M3) {
+      UF_CHECK(checkedRanges_.check(a.scales, sizeof(float) * (values / kep::kScaleBlock), device, "scales"));
+    }
+    if (a.topkIdx != nullptr) {
+      UF_CHECK(checkedRanges_.check(a.topkIdx, entries * (a.topkIdxType == unifabEpIndexInt32 ? 4 : 8), device, "topkIdx"));
+    }
+    if (a.topkWeights != nullptr) UF_CHECK(checkedRanges_.check(a.topkWeights, entries * sizeof(float), device, "topkWeights"));
+  }
   if (*capturing && (a.hostCounts != 0 || unifab::params().epValidateOnHost)) {
     return UF_ERROR(unifabInvalidUsage, kExt,
                     "hostCounts=1 (or UNIFAB_EP_VALIDATE=1) waits for the GPU, which a capturing stream cannot do");
@@ -721,6 +742,16 @@ Result unifabEpGroup::combine(unifabEpHandle* handle, const unifabEpCombineArgs_
   UF_CHECK(validateSms(a.numSms));
   bool capturing = false;
   UF_CHECK(checkStream(stream, &capturing));
+  {
+    // The expert outputs' row count is on the device; at least a row must be this GPU's memory.
+    const int device = comm_->cudaDevice();
+    const size_t tokens = static_cast<size_t>(handle->numTokens);
+    UF_CHECK(checkedRanges_.check(a.expertOutput, static_cast<size_t>(config_.hidden) * 2, device, "expertOutput"));
+    UF_CHECK(checkedRanges_.check(a.combinedX, tokens * config_.hidden * 2, device, "combinedX"));
+    if (a.combinedWeights != nullptr) {
+      UF_CHECK(checkedRanges_.check(a.combinedWeights, tokens * config_.topk * sizeof(float), device, "combinedWeights"));
+    }
+  }
   // Rows in the group's combine input are read by the peers where they lie: every rank must
   // pass its combine input, or none (a rank pulling from one that pushes waits for a ready word
   // that never comes, and both time out).

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "collectives/common/device_range.h"
 #include "collectives/common/symmetric.h"
 #include "kernels/ep/ht_kernels.h"
 #include "kernels/ep/ll_kernels.h"
@@ -75,7 +76,9 @@ struct unifabEpHandle {
 };
 
 struct unifabEpGroup {
-  static unifab::Result create(ncclComm_t comm, const unifabEpConfig_t& config, unifabEpGroup** out);
+  // Collective. A NULL config or out takes part in the ranks' agreement and is refused there, so
+  // that no rank is left waiting; only a NULL comm returns at once.
+  static unifab::Result create(ncclComm_t comm, const unifabEpConfig_t* config, unifabEpGroup** out);
   ~unifabEpGroup();
 
   unifab::Result dispatch(const unifabEpDispatchArgs_t& args, cudaStream_t stream, unifabEpHandle** handle,
@@ -130,6 +133,9 @@ struct unifabEpGroup {
   void* deviceMemory_ = nullptr;   // epochs, the error word and expert-major rows
   int* hostError_ = nullptr;       // mapped mirror of the error word (view_.hostError), written on failure
   int* hostCounts_ = nullptr;      // pinned staging for hostCounts
+  // The caller's buffers seen to be this GPU's memory, large enough (a host pointer or another
+  // GPU's memory would fault the kernel and, with it, the context).
+  mutable unifab::collectives::CheckedRanges checkedRanges_;
   int defaultSms_ = 0;
   int deviceSms_ = 0;
   // Dispatches issued on the group. The window and the expert-major rows hold the latest one

@@ -150,6 +150,11 @@ Result unifabEpGroup::validateLowLatencyDispatch(const unifabEpLowLatencyDispatc
     if (a.topkIdx == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "topkIdx=NULL with numTokens=%d", a.numTokens);
     UF_CHECK(unifab::collectives::ep::checkTopkAlignment(a.topkIdx, a.topkIdxType == unifabEpIndexInt32 ? 4 : 8,
                                                           a.topkWeights));
+    const int device = comm_->cudaDevice();
+    const size_t entries = static_cast<size_t>(a.numTokens) * config_.topk;
+    UF_CHECK(checkedRanges_.check(a.x, static_cast<size_t>(a.numTokens) * config_.hidden * 2, device, "x"));
+    UF_CHECK(checkedRanges_.check(a.topkIdx, entries * (a.topkIdxType == unifabEpIndexInt32 ? 4 : 8), device, "topkIdx"));
+    if (a.topkWeights != nullptr) UF_CHECK(checkedRanges_.check(a.topkWeights, entries * sizeof(float), device, "topkWeights"));
   }
   // The two sets hold the latest two dispatches: a send that would reuse a set whose receive
   // phase never ran would leave that dispatch's receive waiting for overwritten data.
@@ -286,6 +291,13 @@ Result unifabEpGroup::lowLatencyCombine(unifabEpHandle* h, const unifabEpLowLate
   bool capturing = false;
   UF_CHECK(checkStream(stream, &capturing));
   const kep::LlView& v = llView_;
+  const int device = comm_->cudaDevice();
+  if (send) {
+    // [numLocalExperts * expertStride, hidden], read at any row a dispatch may have filled.
+    const size_t rows = static_cast<size_t>(v.numLocalExperts) * v.expertStride;
+    UF_CHECK(checkedRanges_.check(a.expertOutput, rows * v.hidden * 2, device, "expertOutput"));
+  }
+  if (receive) UF_CHECK(checkedRanges_.check(a.combinedX, static_cast<size_t>(h->numTokens) * v.hidden * 2, device, "combinedX"));
   const int parts = kep::llParts(v.hidden);
   kep::LlCombineInput input{};
   input.numTokens = h->numTokens;

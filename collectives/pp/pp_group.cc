@@ -169,16 +169,23 @@ void WaitWatchdog::run() {
 
 namespace pp = unifab::collectives::pp;
 
-Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t& config, unifabPpGroup** out) {
+Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t* given, unifabPpGroup** out) {
   // Only what makes a collective step impossible returns before the first one.
   if (comm == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "comm=NULL");
   const unifab::collectives::NcclRuntime* nccl = nullptr;
   UF_CHECK(unifab::collectives::ncclRuntime(&nccl));
-  const bool sized = config.size >= sizeof(unifabPpConfig_t);
+  const bool present = given != nullptr && out != nullptr;
+  const unifabPpConfig_t absent{};  // size 0: refused below
+  const unifabPpConfig_t& config = given != nullptr ? *given : absent;
+  const bool sized = present && config.size >= sizeof(unifabPpConfig_t);
   const size_t chunkBytes = !sized || config.chunkBytes == 0 ? pp::kDefaultChunkBytes : config.chunkBytes;
   const int slots = !sized || config.chunksInFlight == 0 ? pp::kDefaultSlots : config.chunksInFlight;
   const bool rendezvous = unifab::params().ppEngine == "rendezvous";
   auto checkConfig = [&]() -> Result {
+    if (!present) {
+      return UF_ERROR(unifabInvalidArgument, kExt, "unifabPpCreate: config=%p and group=%p must not be NULL",
+                      static_cast<const void*>(given), static_cast<void*>(out));
+    }
     // A rank on the wrong current device takes part too (the agreement runs on the communicator's).
     UF_CHECK(unifab::collectives::requireCommDevice(comm));
     UF_CHECK(requireStructSize(config, "config", "initialise it with UNIFAB_PP_CONFIG_INIT"));
@@ -236,7 +243,9 @@ Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t& config, un
   };
   const Result setUp = setUpLocal();
   const Result windowed =
-      unifab::collectives::SymmetricWindow::create(group->comm_, windowBytes, setUp == unifabSuccess, &group->window_);
+      unifab::collectives::SymmetricWindow::create(group->comm_, windowBytes, setUp == unifabSuccess,
+                                                   "NVLink peers x config->chunksInFlight x config->chunkBytes",
+                                                   &group->window_);
   if (setUp != unifabSuccess) return setUp;
   UF_CHECK(windowed);
   if (group->rendezvous_) UF_CHECK(group->setUpRendezvous());

@@ -83,7 +83,8 @@ class WaitWatchdog {
 // chunk into a slot of the receiver's window and the receiver copies it out on its stream (a
 // same-GPU copy, on SMs with this driver); a rank's transfers to itself always take this way.
 struct unifabPpGroup {
-  static unifab::Result create(ncclComm_t comm, const unifabPpConfig_t& config, unifabPpGroup** out);
+  // Collective; a NULL config or out is refused in the ranks' agreement (as unifabEpGroup::create).
+  static unifab::Result create(ncclComm_t comm, const unifabPpConfig_t* config, unifabPpGroup** out);
   ~unifabPpGroup();
 
   unifab::Result send(const void* data, size_t bytes, int peer, cudaStream_t stream);

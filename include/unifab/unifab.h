@@ -10,7 +10,12 @@
  *  - the return value is a unifabResult_t; on failure a message naming the offending argument is
  *    logged through NCCL's logger (prefix "EXT/unifab") and kept for unifabGetLastError();
  *  - argument structs start with a `size` field set by their UNIFAB_*_INIT macro, so that later
- *    versions can grow them without breaking binaries built against this header.
+ *    versions can grow them without breaking binaries built against this header;
+ *  - groups and tables are checked against those the library created and has not destroyed: a
+ *    destroyed one passed again is refused (unifabInvalidArgument), destroying it twice too;
+ *    destroying NULL does nothing;
+ *  - a collective creation with a NULL configuration or output pointer on some rank still takes
+ *    part in the ranks' agreement, so every rank is refused and none is left waiting.
  */
 #ifndef UNIFAB_UNIFAB_H_
 #define UNIFAB_UNIFAB_H_
@@ -158,7 +163,9 @@ typedef struct {
   int hostNumRecvRows;             /* with hostCounts: */
   int hostRecvRowsPerExpert[1024]; /*   per local expert (up to 1024 local experts) */
 } unifabEpDispatchResult_t;
-#define UNIFAB_EP_DISPATCH_RESULT_INIT {sizeof(unifabEpDispatchResult_t)}
+/* Every field named, so that C++ with -Wextra (missing-field-initializers) takes it too. */
+#define UNIFAB_EP_DISPATCH_RESULT_INIT \
+  {sizeof(unifabEpDispatchResult_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}}
 
 typedef struct {
   size_t size;                     /* sizeof(unifabEpCombineArgs_t) */
@@ -248,7 +255,7 @@ typedef struct {
   int* recvCount;                  /* device [numLocalExperts], complete after the receive phase */
   int expertStride;                /* nRanks * maxTokensPerRank */
 } unifabEpLowLatencyDispatchResult_t;
-#define UNIFAB_EP_LL_DISPATCH_RESULT_INIT {sizeof(unifabEpLowLatencyDispatchResult_t)}
+#define UNIFAB_EP_LL_DISPATCH_RESULT_INIT {sizeof(unifabEpLowLatencyDispatchResult_t), 0, 0, 0, 0, 0}
 
 typedef struct {
   size_t size;                     /* sizeof(unifabEpLowLatencyCombineArgs_t) */

@@ -249,6 +249,20 @@ bool runTable(NcclSession& session, size_t rowBytes, bool scales) {
   unifabEngramFetchArgs_t hostIdsOnDevice = args;
   hostIdsOnDevice.rowIds = deviceIds;
   refusedNaming(hostIdsOnDevice, "hostRowIds", "hostRowIds=1 with device memory is refused");
+  // The gather kernel loads ids whole and from device memory: misaligned or host ids are refused.
+  unifabEngramFetchArgs_t misaligned = args;
+  misaligned.engine = unifabEngramSmGather;
+  misaligned.hostRowIds = 0;
+  misaligned.rowIds = reinterpret_cast<const char*>(deviceIds) + 4;
+  refusedNaming(misaligned, "rowIds", "int64 ids 4 bytes off are refused");
+  unifabEngramFetchArgs_t idsOnHost = misaligned;
+  idsOnHost.rowIds = &outside;
+  refusedNaming(idsOnHost, "not device memory", "hostRowIds=0 with host ids is refused");
+  if (t.scales) {
+    unifabEngramFetchArgs_t oddScales = args;
+    oddScales.outScales = reinterpret_cast<float*>(reinterpret_cast<char*>(outScales) + 2);
+    refusedNaming(oddScales, "outScales", "outScales 2 bytes off are refused");
+  }
   cudaFree(deviceIds);
   const unifabResult_t wrapped = unifabEngramWrite(t.handle, INT64_MAX, 1, out, outScales, session.stream());
   check(wrapped == unifabInvalidArgument && strstr(unifabGetLastError(), "firstRow") != nullptr,

@@ -111,6 +111,16 @@ bool run(NcclSession& session) {
   expectError(dispatchWith([](auto& a) { a.numSms = -1; }), unifabInvalidArgument, "numSms", "negative numSms");
   expectError(dispatchWith([&](auto& a) { a.numSms = deviceSms + 1; }), unifabInvalidArgument, "numSms",
               "numSms above the GPU's SMs");
+  // Memory the kernel could not read (it would fault the context): host memory, or an allocation
+  // shorter than numTokens x hidden.
+  std::vector<int4> hostX(static_cast<size_t>(shape.maxTokens) * shape.hidden * 2 / sizeof(int4));
+  expectError(dispatchWith([&](auto& a) { a.x = hostX.data(); }), unifabInvalidArgument, "not device memory",
+              "x in host memory");
+  void* shortX = nullptr;
+  TEST_CUDA_CHECK(cudaMalloc(&shortX, 256));
+  expectError(dispatchWith([&](auto& a) { a.x = shortX; }), unifabInvalidArgument, "past the end",
+              "x shorter than numTokens x hidden");
+  TEST_CUDA_CHECK(cudaFree(shortX));
   expectError(dispatchWith([&](auto& a) {
                 a.cachedHandle = handle;
                 a.numTokens = data.numTokens - 1;
@@ -177,6 +187,9 @@ bool run(NcclSession& session) {
                           handle),
               unifabInvalidArgument, "combinedWeights", "combinedWeights 2 bytes off");
   expectError(combineWith([](auto&) {}, nullptr), unifabInvalidArgument, "handle", "combine without a handle");
+  std::vector<int4> hostCombined(static_cast<size_t>(shape.maxTokens) * shape.hidden * 2 / sizeof(int4));
+  expectError(combineWith([&](auto& a) { a.combinedX = hostCombined.data(); }, handle), unifabInvalidArgument,
+              "not device memory", "combinedX in host memory");
 
   // Nothing above launched: the receive rows are still poisoned.
   TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -236,6 +249,18 @@ bool run(NcclSession& session) {
               "later calls return the bad-id error");
   TEST_UNIFAB_CHECK(unifabEpHandleDestroy(bad));
   TEST_UNIFAB_CHECK(unifabEpDestroy(group));
+  // A destroyed group is refused, not read after its free: used, or destroyed again.
+  unifabEpHandle_t afterDestroy = nullptr;
+  expectError(unifabEpDispatch(group, &good, stream, &afterDestroy, &result), unifabInvalidArgument,
+              "destroyed or never created", "a dispatch on a destroyed group");
+  expectError(unifabEpDestroy(group), unifabInvalidArgument, "destroyed already", "a group destroyed twice");
+  // A NULL config or group takes part in the ranks' agreement and is refused there (one rank here;
+  // ep_refusal_test.cc --mismatch has one rank of two pass NULL).
+  unifabEpGroup_t none = nullptr;
+  expectError(unifabEpCreate(session.comm(), nullptr, &none), unifabInvalidArgument, "config=",
+              "create with a NULL config");
+  expectError(unifabEpCreate(session.comm(), &config, nullptr), unifabInvalidArgument, "group=",
+              "create with a NULL group pointer");
 
   // A handle outlives its group: a newer group (which the allocator may place at the same address)
   // refuses it, for cached re-dispatch and for combine.

@@ -9,7 +9,7 @@
 //                     communicator must be refused at once, without entering NCCL again.
 //   --mismatch        every rank is fine alone but the ranks disagree (EP hidden, PP chunkBytes,
 //                     Engram rowBytes with the same window size), or one rank's configuration is
-//                     invalid: every rank is refused (the field named, or "another rank refused"),
+//                     invalid or NULL: every rank is refused (the field named, or "another rank refused"),
 //                     none hangs, and the communicator still makes an agreed group afterwards.
 // The process leaves with _exit after its tally: tearing down a communicator that NCCL refused
 // is not what is under test.
@@ -81,6 +81,12 @@ void checkMismatches(NcclSession& session) {
     const bool refusedRight = rank == 1 ? result == unifabInvalidArgument && lastErrorMentions("topk")
                                         : result == unifabInvalidUsage && lastErrorMentions("another rank refused");
     check(refusedRight && group == nullptr, what + ", rank 1's top-k invalid: every rank refused (" + got(result) + ")");
+    // Rank 1 passes no configuration at all: it still takes part in the agreement, so that rank 0
+    // is refused rather than left waiting in NCCL.
+    result = unifabEpCreate(session.comm(), rank == 1 ? nullptr : &config, &group);
+    const bool refusedNull = rank == 1 ? result == unifabInvalidArgument && lastErrorMentions("config=")
+                                       : result == unifabInvalidUsage && lastErrorMentions("another rank refused");
+    check(refusedNull && group == nullptr, what + ", rank 1's config NULL: every rank refused (" + got(result) + ")");
     // Agreed again: the communicator works and the group is made.
     result = unifabEpCreate(session.comm(), &config, &group);
     check(result == unifabSuccess && group != nullptr, what + ", agreed afterwards: created (" + got(result) + ")");
@@ -92,6 +98,10 @@ void checkMismatches(NcclSession& session) {
   unifabResult_t result = unifabPpCreate(session.comm(), &pp, &ppGroup);
   check(result == unifabInvalidUsage && lastErrorMentions("chunkBytes") && ppGroup == nullptr,
         "PP, ranks disagree on chunkBytes: refused naming it (" + got(result) + ")");
+  result = unifabPpCreate(session.comm(), &pp, rank == 1 ? nullptr : &ppGroup);
+  check(rank == 1 ? result == unifabInvalidArgument && lastErrorMentions("group=")
+                  : result == unifabInvalidUsage && lastErrorMentions("another rank refused"),
+        "PP, rank 1's group pointer NULL: every rank refused (" + got(result) + ")");
   // Engram windows of the same size from different shapes would pass every other check.
   unifabEngramConfig_t engram = UNIFAB_ENGRAM_CONFIG_INIT;
   engram.rowBytes = rank == 1 ? 128 : 64;
@@ -100,6 +110,10 @@ void checkMismatches(NcclSession& session) {
   result = unifabEngramCreate(session.comm(), &engram, &table);
   check(result == unifabInvalidUsage && lastErrorMentions("rowBytes") && table == nullptr,
         "Engram, 64 x 1000 against 128 x 500: refused naming rowBytes (" + got(result) + ")");
+  result = unifabEngramCreate(session.comm(), rank == 1 ? nullptr : &engram, &table);
+  check(rank == 1 ? result == unifabInvalidArgument && lastErrorMentions("config=")
+                  : result == unifabInvalidUsage && lastErrorMentions("another rank refused"),
+        "Engram, rank 1's config NULL: every rank refused (" + got(result) + ")");
 }
 
 }  // namespace

@@ -114,4 +114,48 @@ TEST(EpConfig, NullGroupsAndHandlesAreRefused) {
   EXPECT_EQ(group, nullptr);
 }
 
+// Groups and tables the library never created (or already destroyed) are refused by every entry
+// point, without being touched; destroying NULL does nothing.
+TEST(EpConfig, ObjectsNeverCreatedAreRefusedUntouched) {
+  // Poisoned storage standing in for a freed group: any read of it would be a use after free.
+  alignas(64) static unsigned char poison[4096];
+  memset(poison, 0xA5, sizeof(poison));
+  auto ep = reinterpret_cast<unifabEpGroup_t>(poison);
+  auto pp = reinterpret_cast<unifabPpGroup_t>(poison);
+  auto table = reinterpret_cast<unifabEngramTable_t>(poison);
+  unifabEpDispatchArgs_t dispatch = UNIFAB_EP_DISPATCH_ARGS_INIT;
+  unifabEpCombineArgs_t combine = UNIFAB_EP_COMBINE_ARGS_INIT;
+  unifabEpLowLatencyDispatchArgs_t llDispatch = UNIFAB_EP_LL_DISPATCH_ARGS_INIT;
+  unifabEpLowLatencyCombineArgs_t llCombine = UNIFAB_EP_LL_COMBINE_ARGS_INIT;
+  unifabEpHandle_t handle = nullptr;
+  unifabEpDispatchResult_t result = UNIFAB_EP_DISPATCH_RESULT_INIT;
+  void* buffer = nullptr;
+  int maxRows = 0;
+  EXPECT_EQ(unifabEpDispatch(ep, &dispatch, nullptr, &handle, &result), unifabInvalidArgument);
+  EXPECT_NE(std::string(unifabGetLastError()).find("group="), std::string::npos) << unifabGetLastError();
+  EXPECT_NE(std::string(unifabGetLastError()).find("destroyed or never created"), std::string::npos);
+  EXPECT_EQ(unifabEpCombine(ep, nullptr, &combine, nullptr), unifabInvalidArgument);
+  EXPECT_EQ(unifabEpCombineInputBuffer(ep, &buffer, &maxRows), unifabInvalidArgument);
+  unifabEpLowLatencyDispatchResult_t llResult = UNIFAB_EP_LL_DISPATCH_RESULT_INIT;  // every INIT macro compiles in C++
+  EXPECT_EQ(unifabEpLowLatencyDispatch(ep, &llDispatch, nullptr, &handle, &llResult), unifabInvalidArgument);
+  EXPECT_EQ(unifabEpLowLatencyCombine(ep, nullptr, &llCombine, nullptr), unifabInvalidArgument);
+  EXPECT_EQ(unifabEpGetAsyncError(ep), unifabInvalidArgument);
+  EXPECT_EQ(unifabEpDestroy(ep), unifabInvalidArgument);
+  EXPECT_NE(std::string(unifabGetLastError()).find("destroyed already or never created"), std::string::npos);
+  EXPECT_EQ(unifabPpSend(pp, poison, 16, 0, nullptr), unifabInvalidArgument);
+  EXPECT_EQ(unifabPpRecv(pp, poison, 16, 0, nullptr), unifabInvalidArgument);
+  EXPECT_EQ(unifabPpGetAsyncError(pp), unifabInvalidArgument);
+  EXPECT_EQ(unifabPpDestroy(pp), unifabInvalidArgument);
+  unifabEngramFetchArgs_t fetchArgs = UNIFAB_ENGRAM_FETCH_ARGS_INIT;
+  unifabEngramFetch_t fetch = nullptr;
+  EXPECT_EQ(unifabEngramWrite(table, 0, 1, poison, nullptr, nullptr), unifabInvalidArgument);
+  EXPECT_EQ(unifabEngramFetchIssue(table, &fetchArgs, nullptr, &fetch), unifabInvalidArgument);
+  EXPECT_EQ(unifabEngramGetAsyncError(table), unifabInvalidArgument);
+  EXPECT_EQ(unifabEngramDestroy(table), unifabInvalidArgument);
+  for (unsigned char byte : poison) ASSERT_EQ(byte, 0xA5) << "an entry point wrote into an object it never created";
+  EXPECT_EQ(unifabEpDestroy(nullptr), unifabSuccess);
+  EXPECT_EQ(unifabPpDestroy(nullptr), unifabSuccess);
+  EXPECT_EQ(unifabEngramDestroy(nullptr), unifabSuccess);
+}
+
 }  // namespace
