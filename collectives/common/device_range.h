@@ -42,7 +42,9 @@ Result checkDeviceRange(const void* data, size_t bytes, int device, const char* 
 
 // checkDeviceRange for an operation called again and again with the same buffers (a decoding
 // loop): a pointer that passed with at least as many bytes is not asked about again, so only new
-// buffers cost the driver's queries. Remembers up to kRemembered pointers, then starts over.
+// buffers cost the driver's queries. Remembers up to kRemembered pointers, then starts over. Only
+// passes are remembered: a buffer freed and allocated again smaller at the same address still
+// passes with its old size (no worse than without the check).
 class CheckedRanges {
  public:
   Result check(const void* data, size_t bytes, int device, const char* name);

@@ -216,8 +216,9 @@ Result unifabEngramTable::validate(const unifabEngramFetchArgs_t& a, cudaStream_
   const size_t idBytes = rawEnum(a.rowIdType) == unifabEpIndexInt32 ? sizeof(int32_t) : sizeof(int64_t);
   if (a.numRows > 0) {
     if (a.rowIds == nullptr) return UF_ERROR(unifabInvalidArgument, kExt, "rowIds=NULL with numRows=%zu", a.numRows);
-    // The gather kernel loads each id whole: a misaligned one faults the context.
-    if (!unifab::collectives::alignedTo(a.rowIds, idBytes)) {
+    // The gather kernel loads each id whole: a misaligned one faults the context (host ids are
+    // read by the host, where they need not be).
+    if (a.hostRowIds == 0 && !unifab::collectives::alignedTo(a.rowIds, idBytes)) {
       return UF_ERROR(unifabInvalidArgument, kExt, "rowIds=%p must be aligned to its %zu-byte ids", a.rowIds, idBytes);
     }
     if (a.hostRowIds != 0) {

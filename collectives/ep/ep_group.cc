@@ -580,7 +580,7 @@ Result unifabEpGroup::validateDispatch(const unifabEpDispatchArgs_t& a, cudaStre
     if (a.dtype == unifabEpFp8E4M3) {
       UF_CHECK(checkedRanges_.check(a.scales, sizeof(float) * (values / kep::kScaleBlock), device, "scales"));
     }
-    if (a.topkIdx != nullptr) {
+    if (a.topkIdx != nullptr && a.cachedHandle == nullptr) {  // ignored with a cached handle
       UF_CHECK(checkedRanges_.check(a.topkIdx, entries * (a.topkIdxType == unifabEpIndexInt32 ? 4 : 8), device, "topkIdx"));
     }
     if (a.topkWeights != nullptr) UF_CHECK(checkedRanges_.check(a.topkWeights, entries * sizeof(float), device, "topkWeights"));

@@ -15,7 +15,11 @@
  *    destroyed one passed again is refused (unifabInvalidArgument), destroying it twice too;
  *    destroying NULL does nothing;
  *  - a collective creation with a NULL configuration or output pointer on some rank still takes
- *    part in the ranks' agreement, so every rank is refused and none is left waiting.
+ *    part in the ranks' agreement, so every rank is refused and none is left waiting;
+ *  - "device pointer" means memory of the call's GPU (cudaMalloc, a memory pool, a VMM mapping)
+ *    or managed memory: host memory, pinned or not, and other GPUs' memory are refused, as is an
+ *    allocation that ends before the bytes the call reads (a high-throughput combine's
+ *    expertOutput: at least one row).
  */
 #ifndef UNIFAB_UNIFAB_H_
 #define UNIFAB_UNIFAB_H_
