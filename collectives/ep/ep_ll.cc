@@ -46,8 +46,8 @@ Result unifabEpGroup::planLowLatencyLayout(const unifabEpConfig_t& config, int n
   unifab::collectives::ep::Carver set(nullptr);
   L.tokenBits = set.reserve(sizeof(uint64_t) * nRanks * L.bitWords);
   L.messages = set.reserve(static_cast<size_t>(L.messageBytes) * nRanks * tokens);
-  L.partials = set.reserve(sizeof(uint16_t) * config.hidden * nRanks * tokens);
-  L.partialTags = set.reserve(sizeof(uint64_t) * parts * nRanks * tokens);
+  L.partialBytes = kep::llCombineParts(config.hidden) * kep::kLlCombinePartLines * unifab::kernels::kLineBytes;
+  L.partials = set.reserve(static_cast<size_t>(L.partialBytes) * nRanks * tokens);
   L.setBytes = set.used();
 
   unifab::collectives::ep::Carver window(nullptr);
@@ -298,7 +298,7 @@ Result unifabEpGroup::lowLatencyCombine(unifabEpHandle* h, const unifabEpLowLate
     UF_CHECK(checkedRanges_.check(a.expertOutput, rows * v.hidden * 2, device, "expertOutput"));
   }
   if (receive) UF_CHECK(checkedRanges_.check(a.combinedX, static_cast<size_t>(h->numTokens) * v.hidden * 2, device, "combinedX"));
-  const int parts = kep::llParts(v.hidden);
+  const int parts = kep::llCombineParts(v.hidden);
   kep::LlCombineInput input{};
   input.numTokens = h->numTokens;
   input.expertOutput = a.expertOutput;

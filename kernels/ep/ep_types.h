@@ -6,11 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define UNIFAB_HOST_DEVICE __host__ __device__
-#else
-#define UNIFAB_HOST_DEVICE
-#endif
+#include "kernels/common/host_device.h"
 
 namespace unifab::kernels::ep {
 
@@ -173,9 +169,9 @@ enum TracePoint : int {
   kTraceLlDispatchEnd,        // last block: counts published and the set released
   kTraceLlCombineStarted,
   kTraceLlCombineLoaded,      // each sending warp: its first item's expert rows summed
-  kTraceLlCombineFenced,
+  kTraceLlCombineStored,
   kTraceLlCombineSent,
-  kTraceLlCombineTagsIn,      // each receiving warp: its first token's partials all in
+  kTraceLlCombineLinesIn,     // each receiving warp: its first token's first partials all in
   kTraceLlCombineReceived,
   kTraceLlCombineEnd,
   kTracePoints

@@ -4,6 +4,7 @@
 
 #include "kernels/common/bf16x8.cuh"
 #include "kernels/common/device_sync.cuh"
+#include "kernels/common/flagged_lines.cuh"
 #include "kernels/ep/ep_trace.cuh"
 #include "kernels/ep/ll_kernels.h"
 
@@ -16,6 +17,9 @@ constexpr int kThreads = kWarps * kWarp;
 constexpr int kVectorsPerLane = kLlPartValues / (kWarp * 8);  // 16-byte BF16 vectors of a part per lane
 constexpr float kFp8Max = 448.0f;                             // largest finite e4m3 value
 constexpr float kMinAmax = 1e-4f;                             // an all-zero block still gets a finite scale
+constexpr int kPartGroups = kLlCombinePartLines / kLinesPerGroup;  // of a combine partial's part
+// A combining warp's staging buffer in shared memory: the BF16 part of the partial it sends.
+constexpr int kPartStagingBytes = kLlCombinePartLines * kLinePayloadBytes;
 
 __device__ __forceinline__ char* at(const LlView& g, int rank, size_t offset) { return g.peerBase[rank] + offset; }
 __device__ __forceinline__ size_t setOffset(const LlView& g, int set) {
@@ -66,7 +70,7 @@ __device__ __forceinline__ bool blockStarted(const LlEpochs& e) { return __synct
 // (0: not reached) and records them all after its work; block 0 stamps the kernel's start.
 // Stamps keep the timer's low 32 bits (differences within a call are far below 4 s).
 struct LlWarpStamps {
-  uint32_t started = 0, loaded = 0, fenced = 0, sent = 0, tagsIn = 0, received = 0;
+  uint32_t started = 0, loaded = 0, published = 0, sent = 0, arrived = 0, received = 0;
 };
 
 __device__ __forceinline__ uint32_t traceNow(const LlView& g) {
@@ -92,7 +96,7 @@ __device__ __forceinline__ void traceKernelStart(const LlView& g) {
 __device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, uint64_t epoch, const LlWarpStamps& t) {
   if (g.trace == nullptr || threadIdx.x % kWarp != 0) return;
   const uint32_t start = static_cast<uint32_t>(*reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart));
-  const uint32_t at[] = {t.started, t.loaded, t.fenced, t.sent, t.tagsIn, t.received};
+  const uint32_t at[] = {t.started, t.loaded, t.published, t.sent, t.arrived, t.received};
   for (int i = 0; i < 6; ++i) {
     // A warp that gets here before block 0 stamped this call's start reads the previous call's
     // start (an inflated time; tracing is a diagnostic), or a wrapped difference, left out.
@@ -132,6 +136,12 @@ __device__ __forceinline__ uint64_t loadConsumed(const LlView& g, int set, int o
 __device__ __forceinline__ char* messageAt(const LlView& g, int rank, int set, int source, int token) {
   return at(g, rank, setOffset(g, set) + g.layout.messages) +
          (static_cast<size_t>(source) * g.maxTokens + token) * g.layout.messageBytes;
+}
+
+// The lines of rank `source`'s combine partial for token `token` (of rank `rank`).
+__device__ __forceinline__ char* partialAt(const LlView& g, int rank, int set, int source, int token) {
+  return at(g, rank, setOffset(g, set) + g.layout.partials) +
+         (static_cast<size_t>(source) * g.maxTokens + token) * g.layout.partialBytes;
 }
 
 // The k-th top-k entry of token t as given (-1 for k >= topk).
@@ -330,7 +340,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     __syncwarp();
     if (lane == 0) {
       fenceAcqRelSystem();
-      stamps.fenced = traceNow(g);
+      stamps.published = traceNow(g);
       for (uint64_t m = ranks; m != 0; m &= m - 1) {
         const int d = __ffsll(static_cast<long long>(m)) - 1;
         storeRelaxed(reinterpret_cast<uint64_t*>(messageAt(g, d, set, g.rank, t) + g.layout.tagsOffset) + p, e.send);
@@ -376,7 +386,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     for (int p = lane; p < parts && ok; p += kWarp) ok = waitTag(g, tags + p, epoch);
     if (!warpAll(ok)) return;
     __syncwarp();  // each lane's acquire of its parts orders every lane's reads below
-    if (stamps.tagsIn == 0) stamps.tagsIn = traceNow(g);
+    if (stamps.arrived == 0) stamps.arrived = traceNow(g);
     const int4* payload = reinterpret_cast<const int4*>(msg);
     int4 v[kReceiveVectorsPerLane];
     auto loadChunk = [&](int c0) {
@@ -476,8 +486,8 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
 
 // ---- combine ----------------------------------------------------------------------------------
 
-// One warp's FP32 sum of a part (32 values per lane) of BF16 rows, added one row at a time in the
-// caller's order: every row's vectors are loaded before any is added.
+// One warp's FP32 sum of a part (32 values per lane) of this GPU's BF16 expert rows, added one row
+// at a time in the caller's order: every row's vectors are loaded before any is added.
 struct PartSum {
   float acc[kVectorsPerLane][8];
   int partVectors;  // 16-byte vectors in this part (the last part of a row may be short)
@@ -491,12 +501,10 @@ struct PartSum {
     }
   }
 
-  template <bool kPeerWritten>
   __device__ void load(const int4* row, int4* loaded) const {
 #pragma unroll
     for (int i = 0; i < kVectorsPerLane; ++i) {
-      const bool valid = i * kWarp + lane < partVectors;
-      loaded[i] = !valid ? int4{0, 0, 0, 0} : kPeerWritten ? __ldcv(row + i * kWarp + lane) : __ldg(row + i * kWarp + lane);
+      loaded[i] = i * kWarp + lane < partVectors ? __ldg(row + i * kWarp + lane) : int4{0, 0, 0, 0};
     }
   }
 
@@ -510,21 +518,18 @@ struct PartSum {
     }
   }
 
-  // acc = fma(weight, row, acc) when weighted, acc + row otherwise. kPeerWritten: the row was
-  // written by another GPU (read past this SM's L1).
-  template <bool kPeerWritten>
+  // acc = fma(weight, row, acc) when weighted, acc + row otherwise.
   __device__ void add(const int4* row, bool weighted, float weight) {
     int4 loaded[kVectorsPerLane];
-    load<kPeerWritten>(row, loaded);
+    load(row, loaded);
     accumulate(loaded, weighted, weight);
   }
 
   // The same for two rows, first then second, with both rows' loads in flight together.
-  template <bool kPeerWritten>
   __device__ void add2(const int4* first, float firstWeight, const int4* second, float secondWeight, bool weighted) {
     int4 a[kVectorsPerLane], b[kVectorsPerLane];
-    load<kPeerWritten>(first, a);
-    load<kPeerWritten>(second, b);
+    load(first, a);
+    load(second, b);
     accumulate(a, weighted, firstWeight);
     accumulate(b, weighted, secondWeight);
   }
@@ -551,10 +556,10 @@ __device__ __forceinline__ void loadRowOf(const LlView& g, const LlCombineInput&
 // The send phase of warp `warp` of `warps`: items (slot, part) in order. `consumedSeen` and the
 // first item's `firstRow` / `firstWeight` (loadRowOf) were loaded with the epochs.
 __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, const LlEpochs& e, int warp, int warps,
-                            uint64_t consumedSeen, int firstRow, float firstWeight, LlWarpStamps& stamps) {
+                            uint64_t consumedSeen, int firstRow, float firstWeight, char* staging, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
   bool setFree = false;
-  const int parts = llParts(g.hidden);
+  const int parts = llCombineParts(g.hidden);
   const int vectors = g.hidden / 8;
   const int items = g.nRanks * g.maxTokens * parts;
   for (int item = warp; item < items; item += warps) {
@@ -566,8 +571,8 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     if (item != warp) loadRowOf(g, in, set, slot, lane, row, weight);
     const unsigned rows = __ballot_sync(0xffffffff, row >= 0);
     if (rows == 0) continue;
-    const int firstVector = p * kLlPartValues / 8;
-    PartSum sum(min(kLlPartValues, g.hidden - p * kLlPartValues) / 8, lane);
+    const int firstVector = p * kLlCombinePartValues / 8;
+    PartSum sum(min(kLlCombinePartValues, g.hidden - p * kLlCombinePartValues) / 8, lane);
     // Top-k slot order: the sum's order is fixed. Two rows' loads at a time.
     const int4* outputs = static_cast<const int4*>(in.expertOutput) + firstVector;
     for (unsigned m = rows; m != 0;) {
@@ -576,69 +581,87 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
       const size_t r = static_cast<size_t>(__shfl_sync(0xffffffff, row, k));
       const float w = __shfl_sync(0xffffffff, weight, k);
       if (m == 0) {
-        sum.add<false>(outputs + r * vectors, in.weighted, w);
+        sum.add(outputs + r * vectors, in.weighted, w);
         break;
       }
       const int k2 = __ffs(m) - 1;
       m &= m - 1;
       const size_t r2 = static_cast<size_t>(__shfl_sync(0xffffffff, row, k2));
       const float w2 = __shfl_sync(0xffffffff, weight, k2);
-      sum.add2<false>(outputs + r * vectors, w, outputs + r2 * vectors, w2, in.weighted);
+      sum.add2(outputs + r * vectors, w, outputs + r2 * vectors, w2, in.weighted);
     }
     if (stamps.loaded == 0) stamps.loaded = traceNowAfter(g, __float_as_uint(sum.acc[0][0]));
+    // The partial through the warp's staging buffer into lines.
+    __syncwarp();  // the previous item's reads of the staging buffer are done
+    sum.store(reinterpret_cast<int4*>(staging));
+    __syncwarp();
+    const int lines = linesFor(llCombinePartValues(g.hidden, p) * 2);
+    LineRun<kPartGroups> run;
+    run.stage(staging, nullptr, lines, e.send, lane);
     if (!setFree && !(setFree = warpSetFree(g, set, 1, e.lastUse, lane, consumedSeen))) return;
-    char* partials = at(g, s, setOffset(g, set) + g.layout.partials);
-    sum.store(reinterpret_cast<int4*>(partials) + (static_cast<size_t>(g.rank) * g.maxTokens + t) * vectors + firstVector);
-    __syncwarp();  // every lane's writes, then lane 0's release and tag
-    if (lane == 0) {
-      fenceAcqRelSystem();
-      stamps.fenced = traceNow(g);
-      uint64_t* tags = reinterpret_cast<uint64_t*>(at(g, s, setOffset(g, set) + g.layout.partialTags));
-      storeRelaxed(tags + (static_cast<size_t>(g.rank) * g.maxTokens + t) * parts + p, e.send);
-    }
+    run.store(partialAt(g, s, set, g.rank, t) + static_cast<size_t>(p) * kLlCombinePartLines * kLineBytes, lines, lane);
+    if (stamps.published == 0) stamps.published = traceNow(g);
   }
 }
 
 // The receive phase of warp `warp` of `warps`: items (token, part); `firstRanks` is the first
-// item's token's ranks, loaded with the epochs.
+// item's token's ranks, loaded with the epochs. The partials of two ranks are polled at once.
 __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int set, uint64_t epoch, int warp, int warps,
                                uint64_t firstRanks, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
   const LlSetLocal& local = g.sets[set];
-  const int parts = llParts(g.hidden);
-  const int vectors = g.hidden / 8;
-  const int4* partials = reinterpret_cast<const int4*>(at(g, g.rank, setOffset(g, set) + g.layout.partials));
-  const uint64_t* tags = reinterpret_cast<const uint64_t*>(at(g, g.rank, setOffset(g, set) + g.layout.partialTags));
+  const int parts = llCombineParts(g.hidden);
+  const size_t partOffset = static_cast<size_t>(kLlCombinePartLines) * kLineBytes;
   for (int item = warp; item < in.numTokens * parts; item += warps) {
     const int p = item % parts;
     const int t = item / parts;
     const uint64_t ranks = item == warp ? firstRanks : __ldcg(local.tokenRanks + t);
-    const int firstVector = p * kLlPartValues / 8;
-    PartSum sum(min(kLlPartValues, g.hidden - p * kLlPartValues) / 8, lane);
-    // Every partial's tag first, lane i polling the token's i-th rank (one round trip for all).
-    bool ok = true;
-    int i = 0;
-    for (uint64_t m = ranks; m != 0 && ok; m &= m - 1, ++i) {
-      if (i % kWarp != lane) continue;
-      const size_t from = static_cast<size_t>(__ffsll(static_cast<long long>(m)) - 1) * g.maxTokens + t;
-      ok = waitTag(g, tags + from * parts + p, epoch);
+    const int payloadBytes = llCombinePartValues(g.hidden, p) * 2;
+    const int lines = linesFor(payloadBytes);
+    float acc[kPartGroups][8];
+#pragma unroll
+    for (int i = 0; i < kPartGroups; ++i) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
     }
-    if (!warpAll(ok)) return;
-    __syncwarp();  // each lane's acquire orders every lane's reads below
-    if (stamps.tagsIn == 0) stamps.tagsIn = traceNow(g);
-    // Ascending rank order: the sum's order is fixed. Two ranks' partials at a time.
+    // Ascending rank order: the sum's order is fixed.
     for (uint64_t m = ranks; m != 0;) {
-      const size_t from = static_cast<size_t>(__ffsll(static_cast<long long>(m)) - 1) * g.maxTokens + t;
+      const int first = __ffsll(static_cast<long long>(m)) - 1;
       m &= m - 1;
-      if (m == 0) {
-        sum.add<true>(partials + from * vectors + firstVector, false, 1.0f);
-        break;
+      const int second = m != 0 ? __ffsll(static_cast<long long>(m)) - 1 : -1;
+      if (m != 0) m &= m - 1;
+      const char* firstRun = partialAt(g, g.rank, set, first, t) + p * partOffset;
+      const char* secondRun = second >= 0 ? partialAt(g, g.rank, set, second, t) + p * partOffset : firstRun;
+      LineRun<2 * kPartGroups> both;  // groups [0, kPartGroups) of the first rank, then of the second
+      const bool ok = both.load(
+          [&](int i, int& groupLines) {
+            const bool ofSecond = i >= kPartGroups;
+            const int group = ofSecond ? i - kPartGroups : i;
+            groupLines = ofSecond && second < 0 ? 0 : min(max(lines - group * kLinesPerGroup, 0), kLinesPerGroup);
+            return (ofSecond ? secondRun : firstRun) + group * kLinesPerGroup * kLineBytes;
+          },
+          epoch, lane, bounds(g), kErrorTimeout);
+      if (!ok) return;
+      if (stamps.arrived == 0) stamps.arrived = traceNow(g);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (r == 1 && second < 0) break;
+#pragma unroll
+        for (int i = 0; i < kPartGroups; ++i) {
+          float f[8];
+          const uint64_t lo = both.lo[r * kPartGroups + i], hi = both.hi[r * kPartGroups + i];
+          bf16x8ToFloat(make_int4(static_cast<int>(lo), static_cast<int>(lo >> 32), static_cast<int>(hi), static_cast<int>(hi >> 32)), f);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[i][j] = __fadd_rn(acc[i][j], f[j]);
+        }
       }
-      const size_t from2 = static_cast<size_t>(__ffsll(static_cast<long long>(m)) - 1) * g.maxTokens + t;
-      m &= m - 1;
-      sum.add2<true>(partials + from * vectors + firstVector, 1.0f, partials + from2 * vectors + firstVector, 1.0f, false);
     }
-    sum.store(static_cast<int4*>(in.combinedX) + static_cast<size_t>(t) * vectors + firstVector);
+    char* out = static_cast<char*>(in.combinedX) + (static_cast<size_t>(t) * g.hidden + static_cast<size_t>(p) * kLlCombinePartValues) * 2;
+#pragma unroll
+    for (int i = 0; i < kPartGroups; ++i) {
+      const int offset = pieceOffset(i, lane);
+      if (lane % 8 != kFlagPiece && offset < payloadBytes) *reinterpret_cast<int4*>(out + offset) = floatToBf16x8(acc[i]);
+    }
     stamps.received = traceNow(g);
   }
 }
@@ -650,8 +673,9 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombi
   const int lane = threadIdx.x % kWarp;
   const int warp = blockIdx.x * kWarps + threadIdx.x / kWarp;
   const int warps = gridDim.x * kWarps;
-  const int parts = llParts(g.hidden);
+  const int parts = llCombineParts(g.hidden);
   LlOpCounters* counters = &g.counters->combine;
+  __shared__ alignas(16) char partStaging[kWarps][kPartStagingBytes];
   traceKernelStart(g);
   LlWarpStamps stamps;
   const uint64_t startWord = loadStartWord(g, counters, set, lane);
@@ -667,7 +691,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombi
   stamps.started = traceNow(g);
   if (!blockStarted(e)) return;
   if (send) {
-    combineSend(g, in, set, e, warp, warps, consumedSeen, firstRow, firstWeight, stamps);
+    combineSend(g, in, set, e, warp, warps, consumedSeen, firstRow, firstWeight, partStaging[threadIdx.x / kWarp], stamps);
     if (warp < g.nRanks * g.maxTokens * parts) stamps.sent = traceNow(g);
     sendCounted(g, counters, set, e.send);
   }

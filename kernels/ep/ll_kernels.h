@@ -9,8 +9,11 @@
 // order by a counter per expert) and notes the rows for combine.
 //
 // Combine: the expert side sums each message's expert outputs (in top-k order, weighted) into one
-// BF16 partial per (token, rank) and writes it, part by part with a tag each, into the token's
-// rank; the token's rank sums the partials in rank order.
+// BF16 partial per (token, rank) and writes it, a part of kLlCombinePartValues values per warp, into
+// the token's rank as flagged lines (kernels/common/flagged_lines.cuh): each 128-byte line carries
+// 112 bytes of the partial and the call's epoch, so the sender writes no fence and no tag and the
+// receiver sums each part as soon as its lines land. The token's rank sums the partials in rank
+// order.
 //
 // Two buffer sets alternate between dispatches (the host picks the set); epochs count the calls
 // of each phase on the device, so a captured graph replays with fresh tags. Before writing into a
@@ -19,6 +22,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/common/flagged_lines.h"
 #include "kernels/ep/ep_types.h"
 
 namespace unifab::kernels::ep {
@@ -29,6 +33,16 @@ constexpr int kLlWarpsPerBlock = 16;  // a phase of a few hundred parts spreads 
 
 UNIFAB_HOST_DEVICE inline int llParts(int hidden) { return (hidden + kLlPartValues - 1) / kLlPartValues; }
 
+// Values per part of a combine partial (one warp): its BF16 payload fills kLlCombinePartLines lines.
+constexpr int kLlCombinePartValues = 7 * kScaleBlock;
+constexpr int kLlCombinePartLines = linesFor(kLlCombinePartValues * 2);
+static_assert(kLlCombinePartValues * 2 % kLinePayloadBytes == 0, "a partial's part fills whole lines");
+UNIFAB_HOST_DEVICE constexpr int llCombineParts(int hidden) { return (hidden + kLlCombinePartValues - 1) / kLlCombinePartValues; }
+// Values of part p of a partial (the last part may be short; hidden is a multiple of kScaleBlock).
+UNIFAB_HOST_DEVICE constexpr int llCombinePartValues(int hidden, int p) {
+  return hidden - p * kLlCombinePartValues < kLlCombinePartValues ? hidden - p * kLlCombinePartValues : kLlCombinePartValues;
+}
+
 // Byte offsets into the window (identical on every rank). Set b's arrays start at
 // setBase + b * setBytes; the offsets below are relative to that.
 struct LlLayout {
@@ -38,12 +52,12 @@ struct LlLayout {
   size_t setBytes;
   size_t tokenBits;     // uint64 [nRanks][bitWords]: tagged bitmaps of the tokens rank s sends us
   size_t messages;      // [nRanks][maxTokens][messageBytes]: slot of (source rank, token)
-  size_t partials;      // bf16 [nRanks][maxTokens][hidden]: combine partial of rank d for our token t
-  size_t partialTags;   // uint64 [nRanks][maxTokens][parts]
+  size_t partials;      // [nRanks][maxTokens][partialBytes]: lines of rank d's combine partial for our token t
   size_t total;
   int bitWords;         // ceil(maxTokens / 32)
   int messageBytes;     // payload (sized for BF16) | scales | top-k ids | top-k weights | part tags
   int scalesOffset, idsOffset, weightsOffset, tagsOffset;
+  int partialBytes;     // llCombineParts(hidden) runs of kLlCombinePartLines lines
 };
 
 // Per-set arrays in ordinary device memory (this GPU only).

@@ -1,0 +1,131 @@
+// Flagged lines: data and its readiness flag in one 128-byte store, so that a GPU sending a small
+// message over NVLink needs no fence between the data and a separate flag, and the receiver can use
+// each line as soon as it lands.
+//
+// A line is written by eight consecutive lanes of one warp store instruction (16 bytes each, the
+// line 128-byte aligned) and read the same way; the last 8 bytes carry the flag. Hopper's NVLink and
+// L2 move such a line whole (NCCL's LL128 protocol relies on the same property on sm_90), so a reader
+// that sees the line's flag also sees the rest of the line. A warp moves four lines per instruction:
+// a "group". Lane l holds piece l % 8 of line 4 * group + l / 8.
+//
+// Line L of a run carries payload bytes [112 L, 112 L + 112) in its pieces 0-6 (16 bytes each, so a
+// piece lands 16-byte aligned in a row), and side word L (side bytes [8 L, 8 L + 8): a row's FP8
+// scales, say) in the lower half of piece 7.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/device_sync.cuh"
+#include "kernels/common/flagged_lines.h"
+
+namespace unifab::kernels {
+
+constexpr int kLinesPerGroup = 4;  // lines a warp moves per instruction
+constexpr int kFlagPiece = 7;      // the piece whose upper 8 bytes are the flag
+
+// The line (of its run) that `lane` moves in group `group`, and the payload offset of its piece.
+__device__ __forceinline__ int lineOf(int group, int lane) { return group * kLinesPerGroup + lane / 8; }
+__device__ __forceinline__ int pieceOffset(int group, int lane) {
+  return lineOf(group, lane) * kLinePayloadBytes + (lane % 8) * 16;
+}
+
+__device__ __forceinline__ void storeLinePiece(char* piece, uint64_t lo, uint64_t hi) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(piece), "l"(lo), "l"(hi) : "memory");
+}
+
+__device__ __forceinline__ void loadLinePiece(const char* piece, uint64_t& lo, uint64_t& hi) {
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(piece) : "memory");
+}
+
+// Up to kGroups groups (4 kGroups lines) of one warp: on the sending side filled from a stream
+// staged in shared memory and stored to any number of destinations; on the receiving side loaded
+// until every line carries the flag.
+template <int kGroups>
+struct LineRun {
+  uint64_t lo[kGroups], hi[kGroups];
+
+  // Lines [0, lines) from a payload and side words staged in shared memory (`payload` 16-byte
+  // aligned and readable up to 112 * lines bytes, `side` 8-byte aligned and readable up to 8 * lines
+  // bytes, or null: no side words), each flag lane's upper half set to `flag`.
+  __device__ void stage(const char* payload, const char* side, int lines, uint64_t flag, int lane) {
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i) {
+      lo[i] = 0;
+      hi[i] = flag;
+      if (lineOf(i, lane) >= lines) continue;
+      if (lane % 8 != kFlagPiece) {
+        const uint64_t* at = reinterpret_cast<const uint64_t*>(payload + pieceOffset(i, lane));
+        lo[i] = at[0];
+        hi[i] = at[1];
+      } else if (side != nullptr) {
+        lo[i] = reinterpret_cast<const uint64_t*>(side)[lineOf(i, lane)];
+      }
+    }
+  }
+
+  // Lines [0, lines) to the run of lines at `run` (128-byte aligned). The whole warp calls this
+  // together: the eight lanes of a line must store in one instruction.
+  __device__ void store(char* run, int lines, int lane) const {
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i) {
+      if (lineOf(i, lane) < lines) storeLinePiece(run + (i * kLinesPerGroup) * kLineBytes + lane * 16, lo[i], hi[i]);
+    }
+  }
+
+  // Loads the lines of up to kGroups groups until every one carries `flag`, re-reading only the
+  // lines not yet flagged. `groupAt(i, lines)` gives group i's first line and sets how many of its
+  // lines (0-4) to load. The whole warp calls this together; false in every lane once the wait has
+  // lasted longer than `bounds.timeoutNs` (raising `timeoutCode`) or another wait of the group
+  // timed out.
+  template <typename GroupAt>
+  __device__ bool load(GroupAt groupAt, uint64_t flag, int lane, const WaitBounds& bounds, int timeoutCode) {
+    unsigned pending = 0;
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i) {
+      int lines = 0;
+      groupAt(i, lines);
+      lo[i] = hi[i] = 0;
+      if (lane / 8 < lines) pending |= 1u << i;
+    }
+    uint64_t start = 0;
+    for (bool first = true;; first = false) {
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < kGroups; ++i) {
+        int lines = 0;
+        if ((pending >> i) & 1u) loadLinePiece(groupAt(i, lines) + lane * 16, lo[i], hi[i]);
+      }
+      unsigned flagged = 0;
+#pragma unroll
+      for (int i = 0; i < kGroups; ++i) flagged |= static_cast<unsigned>(hi[i] == flag) << i;
+      // The line's flag lane decides for its eight lanes.
+      pending &= ~__shfl_sync(0xffffffff, flagged, lane | kFlagPiece);
+      if (__all_sync(0xffffffff, pending == 0)) return true;
+      bool stop = false;
+      if (lane == 0) {
+        if (first) {
+          start = globalTimerNs();
+        } else if (timedOut(bounds, timeoutCode)) {
+          stop = true;
+        } else if (globalTimerNs() - start > bounds.timeoutNs) {
+          raiseError(bounds.error, bounds.hostError, timeoutCode);
+          stop = true;
+        }
+      }
+      if (__shfl_sync(0xffffffff, stop, 0)) return false;
+    }
+  }
+
+  // The same for lines [0, lines) of one run at `run`.
+  __device__ bool loadRun(const char* run, int lines, uint64_t flag, int lane, const WaitBounds& bounds, int timeoutCode) {
+    return load(
+        [&](int i, int& groupLines) {
+          groupLines = min(max(lines - i * kLinesPerGroup, 0), kLinesPerGroup);
+          return run + i * kLinesPerGroup * kLineBytes;
+        },
+        flag, lane, bounds, timeoutCode);
+  }
+};
+
+}  // namespace unifab::kernels

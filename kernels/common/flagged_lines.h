@@ -1,0 +1,16 @@
+// Geometry of flagged lines (kernels/common/flagged_lines.cuh), for the host code that sizes
+// windows holding them as well as for the kernels.
+#pragma once
+
+#include "kernels/common/host_device.h"
+
+namespace unifab::kernels {
+
+constexpr int kLineBytes = 128;
+constexpr int kLinePayloadBytes = 112;  // seven 16-byte pieces; the eighth is a side word and the flag
+constexpr int kLineSideBytes = 8;
+
+// Lines that carry `payloadBytes` bytes of payload (and as many side words).
+UNIFAB_HOST_DEVICE constexpr int linesFor(int payloadBytes) { return (payloadBytes + kLinePayloadBytes - 1) / kLinePayloadBytes; }
+
+}  // namespace unifab::kernels
