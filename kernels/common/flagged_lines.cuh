@@ -9,8 +9,7 @@
 // a "group". Lane l holds piece l % 8 of line 4 * group + l / 8.
 //
 // Line L of a run carries payload bytes [112 L, 112 L + 112) in its pieces 0-6 (16 bytes each, so a
-// piece lands 16-byte aligned in a row), and side word L (side bytes [8 L, 8 L + 8): a row's FP8
-// scales, say) in the lower half of piece 7.
+// piece lands 16-byte aligned in a row); the lower half of piece 7 is unused.
 #pragma once
 
 #include <cstdint>
@@ -44,21 +43,17 @@ template <int kGroups>
 struct LineRun {
   uint64_t lo[kGroups], hi[kGroups];
 
-  // Lines [0, lines) from a payload and side words staged in shared memory (`payload` 16-byte
-  // aligned and readable up to 112 * lines bytes, `side` 8-byte aligned and readable up to 8 * lines
-  // bytes, or null: no side words), each flag lane's upper half set to `flag`.
-  __device__ void stage(const char* payload, const char* side, int lines, uint64_t flag, int lane) {
+  // Lines [0, lines) from a payload staged in shared memory (16-byte aligned and readable up to
+  // 112 * lines bytes), each flag lane's upper half set to `flag`.
+  __device__ void stage(const char* payload, int lines, uint64_t flag, int lane) {
 #pragma unroll
     for (int i = 0; i < kGroups; ++i) {
       lo[i] = 0;
       hi[i] = flag;
-      if (lineOf(i, lane) >= lines) continue;
-      if (lane % 8 != kFlagPiece) {
+      if (lineOf(i, lane) < lines && lane % 8 != kFlagPiece) {
         const uint64_t* at = reinterpret_cast<const uint64_t*>(payload + pieceOffset(i, lane));
         lo[i] = at[0];
         hi[i] = at[1];
-      } else if (side != nullptr) {
-        lo[i] = reinterpret_cast<const uint64_t*>(side)[lineOf(i, lane)];
       }
     }
   }
@@ -115,16 +110,6 @@ struct LineRun {
       }
       if (__shfl_sync(0xffffffff, stop, 0)) return false;
     }
-  }
-
-  // The same for lines [0, lines) of one run at `run`.
-  __device__ bool loadRun(const char* run, int lines, uint64_t flag, int lane, const WaitBounds& bounds, int timeoutCode) {
-    return load(
-        [&](int i, int& groupLines) {
-          groupLines = min(max(lines - i * kLinesPerGroup, 0), kLinesPerGroup);
-          return run + i * kLinesPerGroup * kLineBytes;
-        },
-        flag, lane, bounds, timeoutCode);
   }
 };
 

@@ -7,10 +7,9 @@
 namespace unifab::kernels {
 
 constexpr int kLineBytes = 128;
-constexpr int kLinePayloadBytes = 112;  // seven 16-byte pieces; the eighth is a side word and the flag
-constexpr int kLineSideBytes = 8;
+constexpr int kLinePayloadBytes = 112;  // seven 16-byte pieces; the eighth holds the flag
 
-// Lines that carry `payloadBytes` bytes of payload (and as many side words).
+// Lines that carry `payloadBytes` bytes of payload.
 UNIFAB_HOST_DEVICE constexpr int linesFor(int payloadBytes) { return (payloadBytes + kLinePayloadBytes - 1) / kLinePayloadBytes; }
 
 }  // namespace unifab::kernels

@@ -597,7 +597,7 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     __syncwarp();
     const int lines = linesFor(llCombinePartValues(g.hidden, p) * 2);
     LineRun<kPartGroups> run;
-    run.stage(staging, nullptr, lines, e.send, lane);
+    run.stage(staging, lines, e.send, lane);
     if (!setFree && !(setFree = warpSetFree(g, set, 1, e.lastUse, lane, consumedSeen))) return;
     run.store(partialAt(g, s, set, g.rank, t) + static_cast<size_t>(p) * kLlCombinePartLines * kLineBytes, lines, lane);
     if (stamps.published == 0) stamps.published = traceNow(g);
