@@ -26,6 +26,7 @@ class NvmlLibrary {
     getHandle_ = reinterpret_cast<NvmlReturn (*)(unsigned, NvmlDevice*)>(dlsym(handle_, "nvmlDeviceGetHandleByIndex_v2"));
     getLinkState_ = reinterpret_cast<NvmlReturn (*)(NvmlDevice, unsigned, int*)>(dlsym(handle_, "nvmlDeviceGetNvLinkState"));
     getCapability_ = reinterpret_cast<NvmlReturn (*)(NvmlDevice, int*, int*)>(dlsym(handle_, "nvmlDeviceGetCudaComputeCapability"));
+    getHandleByBusId_ = reinterpret_cast<NvmlReturn (*)(const char*, NvmlDevice*)>(dlsym(handle_, "nvmlDeviceGetHandleByPciBusId_v2"));
     usable_ = init_ && shutdown_ && getHandle_ && getLinkState_ && getCapability_ && init_() == kNvmlSuccess;
   }
   ~NvmlLibrary() {
@@ -42,14 +43,15 @@ class NvmlLibrary {
     int major = 0;
     int minor = 0;
     if (getCapability_(device, &major, &minor) == kNvmlSuccess) info->computeCapability = major * 10 + minor;
-    info->activeLinks = 0;
-    for (unsigned link = 0; link < kMaxNvlinks; ++link) {
-      int state = 0;
-      if (getLinkState_(device, link, &state) != kNvmlSuccess) continue;  // not every link index exists
-      if (state == kNvmlFeatureEnabled) ++info->activeLinks;
-    }
+    info->activeLinks = activeLinks(device);
     info->perLinkGBps = nvlinkPerLinkGBps(info->computeCapability);
     return true;
+  }
+
+  int activeLinksOf(const char* busId) {
+    NvmlDevice device = nullptr;
+    if (!usable_ || getHandleByBusId_ == nullptr || getHandleByBusId_(busId, &device) != kNvmlSuccess) return -1;
+    return activeLinks(device);
   }
 
  private:
@@ -60,6 +62,17 @@ class NvmlLibrary {
   NvmlReturn (*getHandle_)(unsigned, NvmlDevice*) = nullptr;
   NvmlReturn (*getLinkState_)(NvmlDevice, unsigned, int*) = nullptr;
   NvmlReturn (*getCapability_)(NvmlDevice, int*, int*) = nullptr;
+  NvmlReturn (*getHandleByBusId_)(const char*, NvmlDevice*) = nullptr;
+
+  int activeLinks(NvmlDevice device) {
+    int links = 0;
+    for (unsigned link = 0; link < kMaxNvlinks; ++link) {
+      int state = 0;
+      if (getLinkState_(device, link, &state) != kNvmlSuccess) continue;  // not every link index exists
+      if (state == kNvmlFeatureEnabled) ++links;
+    }
+    return links;
+  }
 };
 
 }  // namespace
@@ -74,6 +87,11 @@ double nvlinkPerLinkGBps(int computeCapability) {
 bool detectNvlink(NvlinkInfo* info) {
   NvmlLibrary nvml;
   return nvml.query(info);
+}
+
+int activeNvlinks(const char* pciBusId) {
+  NvmlLibrary nvml;
+  return nvml.activeLinksOf(pciBusId);
 }
 
 LocalGpu localGpu() {

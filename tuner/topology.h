@@ -30,6 +30,10 @@ struct NvlinkInfo {
 // NVLink of GPU 0 as NVML reports it (GPUs of a node are alike); false without NVML or GPU.
 bool detectNvlink(NvlinkInfo* info);
 
+// Active NVLinks of the GPU at `pciBusId` (as cudaDeviceGetPCIBusId writes it); -1 without NVML
+// or without that GPU.
+int activeNvlinks(const char* pciBusId);
+
 // What the cost models use for this node's GPUs: NVLink bandwidth per GPU and direction
 // (UNIFAB_TUNER_NVLINK_GBPS when set, else active links x per-link rate) and the compute
 // capability; 0 where unknown. NVML is asked once per process.

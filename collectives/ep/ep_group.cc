@@ -200,12 +200,14 @@ Result unifabEpGroup::create(ncclComm_t comm, const unifabEpConfig_t* given, uni
   kep::LlLayout llLayout{};
   // A rank on the wrong current device takes part too (the agreement runs on the communicator's).
   const Result onDevice = unifab::collectives::requireCommDevice(comm);
+  const Result linesCarried = lowLatency && onDevice == unifabSuccess ? requireFlaggedLineLinks(nRanks) : unifabSuccess;
   const Result planned =
       !present ? UF_ERROR(unifabInvalidArgument, kExt, "unifabEpCreate: config=%p and group=%p must not be NULL",
                           static_cast<const void*>(given), static_cast<void*>(out))
-      : onDevice != unifabSuccess ? onDevice
-      : lowLatency                ? planLowLatencyLayout(config, nRanks, &llLayout)
-                                  : planLayout(config, nRanks, &layout);
+      : onDevice != unifabSuccess     ? onDevice
+      : linesCarried != unifabSuccess ? linesCarried
+      : lowLatency                    ? planLowLatencyLayout(config, nRanks, &llLayout)
+                                      : planLayout(config, nRanks, &layout);
   const int64_t shared[] = {sized ? rawEnum(config.mode) : -1, sized ? config.numExperts : -1,
                             sized ? config.maxTokensPerRank : -1, sized ? config.hidden : -1, sized ? config.topk : -1};
   static const char* const kSharedNames[] = {"mode", "numExperts", "maxTokensPerRank", "hidden", "topk"};

@@ -9,6 +9,7 @@
 #include "collectives/ep/ep_group.h"
 #include "plugin/params.h"
 #include "tuner/ep_policy.h"
+#include "tuner/topology.h"
 
 using unifab::collectives::requireStructSize;
 using unifab::Result;
@@ -55,6 +56,33 @@ Result unifabEpGroup::planLowLatencyLayout(const unifabEpConfig_t& config, int n
   L.setBase = window.reserve(L.setBytes * kep::kLlSets);
   L.total = window.used();
   *layout = L;
+  return unifabSuccess;
+}
+
+// The combine's flagged lines need a GPU and links that deliver a warp's 128-byte line store whole:
+// verified on Hopper over NVLink (NCCL's LL128 protocol relies on the same). Peer writes over PCIe
+// promise no such thing, so a group elsewhere is refused rather than left to read torn lines.
+Result unifabEpGroup::requireFlaggedLineLinks(int nRanks) {
+  int device = 0;
+  int major = 0;
+  UF_CUDA_CHECK(cudaGetDevice(&device));
+  UF_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major != 9) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "low-latency EP needs a Hopper GPU (sm_90, where NVLink delivers the combine's 128-byte "
+                    "flagged lines whole); GPU %d is sm_%dx",
+                    device, major);
+  }
+  if (nRanks == 1) return unifabSuccess;
+  char busId[32] = {};
+  UF_CUDA_CHECK(cudaDeviceGetPCIBusId(busId, sizeof(busId), device));
+  const int links = unifab::tuner::activeNvlinks(busId);
+  if (links <= 0) {
+    return UF_ERROR(unifabInvalidUsage, kExt,
+                    "low-latency EP needs NVLink between its ranks (the combine's 128-byte flagged lines are not "
+                    "delivered whole over PCIe); GPU %s has %s",
+                    busId, links == 0 ? "no active NVLink" : "an NVLink state NVML could not report");
+  }
   return unifabSuccess;
 }
 

@@ -43,14 +43,14 @@ template <int kGroups>
 struct LineRun {
   uint64_t lo[kGroups], hi[kGroups];
 
-  // Lines [0, lines) from a payload staged in shared memory (16-byte aligned and readable up to
-  // 112 * lines bytes), each flag lane's upper half set to `flag`.
-  __device__ void stage(const char* payload, int lines, uint64_t flag, int lane) {
+  // The lines of `payloadBytes` bytes staged in shared memory (16-byte aligned), each flag lane's
+  // upper half set to `flag`; pieces past the payload are zero.
+  __device__ void stage(const char* payload, int payloadBytes, uint64_t flag, int lane) {
 #pragma unroll
     for (int i = 0; i < kGroups; ++i) {
       lo[i] = 0;
-      hi[i] = flag;
-      if (lineOf(i, lane) < lines && lane % 8 != kFlagPiece) {
+      hi[i] = lane % 8 == kFlagPiece ? flag : 0;
+      if (lane % 8 != kFlagPiece && pieceOffset(i, lane) < payloadBytes) {
         const uint64_t* at = reinterpret_cast<const uint64_t*>(payload + pieceOffset(i, lane));
         lo[i] = at[0];
         hi[i] = at[1];

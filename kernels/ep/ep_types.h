@@ -169,8 +169,8 @@ enum TracePoint : int {
   kTraceLlDispatchEnd,        // last block: counts published and the set released
   kTraceLlCombineStarted,
   kTraceLlCombineLoaded,      // each sending warp: its first item's expert rows summed
-  kTraceLlCombineStored,
-  kTraceLlCombineSent,
+  kTraceLlCombineStored,      // each sending warp: its first part's lines stored
+  kTraceLlCombineSent,        // each sending warp: its last part's lines stored
   kTraceLlCombineLinesIn,     // each receiving warp: its first token's first partials all in
   kTraceLlCombineReceived,
   kTraceLlCombineEnd,

@@ -18,6 +18,8 @@ constexpr int kVectorsPerLane = kLlPartValues / (kWarp * 8);  // 16-byte BF16 ve
 constexpr float kFp8Max = 448.0f;                             // largest finite e4m3 value
 constexpr float kMinAmax = 1e-4f;                             // an all-zero block still gets a finite scale
 constexpr int kPartGroups = kLlCombinePartLines / kLinesPerGroup;  // of a combine partial's part
+static_assert(kLlCombinePartLines % kLinesPerGroup == 0, "a partial's part is whole line groups");
+static_assert(kLlCombinePartValues / 8 <= kVectorsPerLane * kWarp, "a warp's vectors cover a partial's part");
 // A combining warp's staging buffer in shared memory: the BF16 part of the partial it sends.
 constexpr int kPartStagingBytes = kLlCombinePartLines * kLinePayloadBytes;
 
@@ -68,6 +70,8 @@ __device__ __forceinline__ bool blockStarted(const LlEpochs& e) { return __synct
 
 // Tracing (UNIFAB_EP_TRACE): lane 0 of each warp keeps the global timer at each of its points
 // (0: not reached) and records them all after its work; block 0 stamps the kernel's start.
+// `published`: the dispatch's last part fenced, the combine's first part's lines stored;
+// `arrived`: the dispatch's first message's tags in, the combine's first partials' lines in.
 // Stamps keep the timer's low 32 bits (differences within a call are far below 4 s).
 struct LlWarpStamps {
   uint32_t started = 0, loaded = 0, published = 0, sent = 0, arrived = 0, received = 0;
@@ -486,8 +490,9 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
 
 // ---- combine ----------------------------------------------------------------------------------
 
-// One warp's FP32 sum of a part (32 values per lane) of this GPU's BF16 expert rows, added one row
-// at a time in the caller's order: every row's vectors are loaded before any is added.
+// One warp's FP32 sum of a part (up to kVectorsPerLane 16-byte vectors per lane) of this GPU's BF16
+// expert rows, added one row at a time in the caller's order: every row's vectors are loaded before
+// any is added.
 struct PartSum {
   float acc[kVectorsPerLane][8];
   int partVectors;  // 16-byte vectors in this part (the last part of a row may be short)
@@ -595,9 +600,10 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     __syncwarp();  // the previous item's reads of the staging buffer are done
     sum.store(reinterpret_cast<int4*>(staging));
     __syncwarp();
-    const int lines = linesFor(llCombinePartValues(g.hidden, p) * 2);
+    const int payloadBytes = llCombinePartValues(g.hidden, p) * 2;
+    const int lines = linesFor(payloadBytes);
     LineRun<kPartGroups> run;
-    run.stage(staging, lines, e.send, lane);
+    run.stage(staging, payloadBytes, e.send, lane);
     if (!setFree && !(setFree = warpSetFree(g, set, 1, e.lastUse, lane, consumedSeen))) return;
     run.store(partialAt(g, s, set, g.rank, t) + static_cast<size_t>(p) * kLlCombinePartLines * kLineBytes, lines, lane);
     if (stamps.published == 0) stamps.published = traceNow(g);

@@ -16,8 +16,9 @@
 // order.
 //
 // Two buffer sets alternate between dispatches (the host picks the set); epochs count the calls
-// of each phase on the device, so a captured graph replays with fresh tags. Before writing into a
-// set, a sender waits until every receiver has finished reading that set's previous contents.
+// of each phase on the device, so a captured graph replays with fresh tags and flags. Before
+// writing into a set, a sender waits until every receiver has finished reading that set's
+// previous contents.
 #pragma once
 
 #include <cuda_runtime.h>

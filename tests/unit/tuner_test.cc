@@ -7,6 +7,7 @@
 
 #include "tests/unit/log_capture.h"
 #include "tuner/ep_policy.h"
+#include "tuner/topology.h"
 #include "tuner/tuner.h"
 
 using namespace unifab::tuner;
@@ -112,6 +113,13 @@ bool modelDescribes(int collective, int algorithm) {
 }
 
 const std::pair<int, int> kShapes[] = {{1, 2}, {2, 1}, {8, 1}, {1, 16}, {8, 2}, {8, 16}};
+
+// Low-latency EP groups are refused unless NVML reports NVLink on their GPU: a GPU NVML cannot
+// find (or no NVML at all, as on CI) must read as unknown, never as linked.
+TEST(Topology, NvlinksOfAnUnknownGpuAreUnknown) {
+  EXPECT_EQ(unifab::tuner::activeNvlinks("ffff:ff:1f.7"), -1);
+  EXPECT_EQ(unifab::tuner::activeNvlinks(""), -1);
+}
 
 TEST(CostModel, EstimatesArePositiveFiniteAndGrowWithSize) {
   for (auto [gpus, nodes] : kShapes) {
