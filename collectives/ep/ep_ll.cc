@@ -125,7 +125,6 @@ Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
       set.recvScales = carve.take<float>(expertRows * (v.hidden / kep::kScaleBlock));
       set.recvSource = carve.take<int>(expertRows * 2);
       set.recvCount = carve.take<int>(v.numLocalExperts);
-      set.rowCounter = carve.take<int>(v.numLocalExperts);
       set.rowOf = carve.take<int>(slots * v.topk);
       set.weightOf = carve.take<float>(slots * v.topk);
       set.tokenRanks = carve.take<uint64_t>(v.maxTokens);

@@ -288,6 +288,18 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
 
   // Message parts: one warp per (token, part).
   const int parts = llParts(g.hidden);
+  // This rank's receive phase counts rows into the set's recvCount, which holds the counts of the
+  // dispatch before last (valid until this call) until the grid's last warp clears it: after its
+  // items, if it has any (it has none in a combined kernel of up to half the grid's warps in parts).
+  const auto clearCounts = [&] {
+    if (warp != warps - 1) return;
+    for (int x = lane; x < g.numLocalExperts; x += kWarp) local.recvCount[x] = 0;
+    __syncwarp();
+    if (lane == 0) {
+      fenceAcqRelGpu();
+      storeRelaxed(&g.counters->countsCleared[set], e.send);
+    }
+  };
   for (int item = warp; item < in.numTokens * parts; item += warps) {
     if (item != warp) loadPart(g, in, item, lane, part);
     const int t = item / parts, p = item % parts;
@@ -351,6 +363,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
       }
     }
   }
+  clearCounts();
 }
 
 // 16-byte vectors of a message a receiving warp holds at once: a whole FP8 row of hidden 7168
@@ -359,8 +372,8 @@ constexpr int kReceiveVectorsPerLane = 16;
 
 // The receive phase: a warp per message slot (source rank, token), the slots dealt over the blocks
 // first (warp i of block b takes slot b + i * blocks), so that a few messages still spread over
-// many SMs. Once all of a message's part tags are in, the warp hands out the message's rows (a
-// counter per local expert), notes them for combine, and copies the payload into each row with
+// many SMs. Once all of a message's part tags are in, the warp hands out the message's rows (the
+// set's recvCount of each local expert it names, once this rank's send phase has cleared them), notes them for combine, and copies the payload into each row with
 // its loads in flight during the hand-out.
 __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
@@ -374,6 +387,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
   const int scalesPerRow = g.hidden / kScaleBlock;
   const uint64_t* tokenBits = reinterpret_cast<const uint64_t*>(at(g, g.rank, setOffset(g, set) + g.layout.tokenBits));
   const int firstExpert = g.rank * g.numLocalExperts;
+  bool countsCleared = false;
   for (int slot = warp; slot < g.nRanks * g.maxTokens; slot += warps) {
     const int s = slot / g.maxTokens, t = slot % g.maxTokens;
     const uint64_t* bitsWord = tokenBits + static_cast<size_t>(s) * g.layout.bitWords + t / kWarp;
@@ -386,7 +400,9 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     }
     const char* msg = messageAt(g, g.rank, set, s, t);
     const uint64_t* tags = reinterpret_cast<const uint64_t*>(msg + g.layout.tagsOffset);
-    bool ok = true;
+    // The counts cleared by this rank's send phase (long before the parts' tags come, as a rule).
+    bool ok = countsCleared || waitUntil<true>(g, [&] { return loadAcquireGpu(&g.counters->countsCleared[set]) == epoch; });
+    countsCleared = true;
     for (int p = lane; p < parts && ok; p += kWarp) ok = waitTag(g, tags + p, epoch);
     if (!warpAll(ok)) return;
     __syncwarp();  // each lane's acquire of its parts orders every lane's reads below
@@ -408,7 +424,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       const float weight = __ldcv(reinterpret_cast<const float*>(msg + g.layout.weightsOffset) + lane);
       if (id >= firstExpert && id < firstExpert + g.numLocalExperts) {
         const int e = id - firstExpert;
-        row = e * g.expertStride + atomicAdd(local.rowCounter + e, 1);
+        row = e * g.expertStride + atomicAdd(local.recvCount + e, 1);
         local.recvSource[static_cast<size_t>(row) * 2] = s;
         local.recvSource[static_cast<size_t>(row) * 2 + 1] = t;
       }
@@ -447,7 +463,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
 // One dispatch kernel runs the send phase, the receive phase or both. Each warp loads its first
 // inputs and the call's epochs in one round trip; the send phase's epoch is recorded by the block
 // that gets there last, without a barrier between the phases; the receive phase's last block
-// publishes the per-expert counts and releases the set to its senders.
+// releases the set to its senders (the per-expert counts are complete when every block is done).
 __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDispatchInput in, int set, bool send,
                                                                 bool receive) {
   const int lane = threadIdx.x % kWarp;
@@ -476,11 +492,6 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
   traceWarp(g, kTraceLlDispatchStarted, send ? e.send : e.receive, stamps);
   if (receive) {
     if (lastBlockToFinish<false>(&g.counters->finished[1])) {
-      const LlSetLocal& local = g.sets[set];
-      for (int x = threadIdx.x; x < g.numLocalExperts; x += blockDim.x) {
-        local.recvCount[x] = __ldcg(local.rowCounter + x);
-        local.rowCounter[x] = 0;
-      }
       releaseSet(g, set, 0, e.receive);
       if (threadIdx.x == 0) counters->receive = e.receive;
       traceEnd(g, kTraceLlDispatchEnd, e.receive);

@@ -6,7 +6,7 @@
 // epoch tag, so that many warps carry one token at once. Each sender also writes, per 32 tokens, a
 // tagged bitmap of the tokens it sends, which tells the receiver what to wait for. The receiver
 // places each message in the region of every local expert it names (rows handed out in arrival
-// order by a counter per expert) and notes the rows for combine.
+// order by its recvCount, which the send phase clears) and notes the rows for combine.
 //
 // Combine: the expert side sums each message's expert outputs (in top-k order, weighted) into one
 // BF16 partial per (token, rank) and writes it, a part of kLlCombinePartValues values per warp, into
@@ -66,8 +66,8 @@ struct LlSetLocal {
   char* recvX;          // [numLocalExperts][expertStride][hidden * bytes per value]
   float* recvScales;    // [numLocalExperts][expertStride][hidden / kScaleBlock]
   int* recvSource;      // [numLocalExperts][expertStride][2]
-  int* recvCount;       // [numLocalExperts]
-  int* rowCounter;      // [numLocalExperts]: rows handed out so far (zero between calls)
+  int* recvCount;       // [numLocalExperts]: also the counter that hands out rows, cleared by the
+                        //   send phase of each dispatch into the set (LlCounters::countsCleared)
   int* rowOf;           // [nRanks][maxTokens][topk]: row (e * expertStride + i) of message (s, t)'s
                         //   k-th expert, -1 where that expert is not ours or there is no message
   float* weightOf;      // [nRanks][maxTokens][topk]
@@ -83,6 +83,7 @@ struct LlOpCounters {
 
 struct LlCounters {
   LlOpCounters dispatch, combine;
+  uint64_t countsCleared[kLlSets];  // epoch of the dispatch whose send phase cleared the set's recvCount
   unsigned finished[2];  // blocks done with the [send, receive] phase of the running kernel
   uint64_t traceStart;   // global timer when block 0 started the running kernel (tracing only)
 };
