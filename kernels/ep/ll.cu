@@ -29,6 +29,15 @@ __device__ __forceinline__ size_t setOffset(const LlView& g, int set) {
 }
 __device__ __forceinline__ WaitBounds bounds(const LlView& g) { return {g.error, g.hostError, g.timeoutNs}; }
 
+// A kernel's warps, numbered for each phase: the send phase's items go to the low warps of every
+// block and the receive phase's to the high ones, both dealt over the blocks first. So each phase
+// spreads over all SMs, and, while the two phases' work fits in the grid's warps, a receiving warp
+// polls from the kernel's start instead of after a send item of its own.
+__device__ __forceinline__ int sendWarpIndex() { return static_cast<int>(threadIdx.x / kWarp) * gridDim.x + blockIdx.x; }
+__device__ __forceinline__ int receiveWarpIndex() {
+  return (kWarps - 1 - static_cast<int>(threadIdx.x / kWarp)) * gridDim.x + blockIdx.x;
+}
+
 template <bool kPause, typename Ready>
 __device__ __forceinline__ bool waitUntil(const LlView& g, Ready ready) {
   return waitBounded<kPause>(bounds(g), kErrorTimeout, ready);
@@ -371,13 +380,13 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
 constexpr int kReceiveVectorsPerLane = 16;
 
 // The receive phase: a warp per message slot (source rank, token), the slots dealt over the blocks
-// first (warp i of block b takes slot b + i * blocks), so that a few messages still spread over
-// many SMs. Once all of a message's part tags are in, the warp hands out the message's rows (the
-// set's recvCount of each local expert it names, once this rank's send phase has cleared them), notes them for combine, and copies the payload into each row with
-// its loads in flight during the hand-out.
+// first (receiveWarpIndex), so that a few messages still spread over many SMs. Once all of a
+// message's part tags are in, the warp hands out the message's rows (the set's recvCount of each
+// local expert it names, once this rank's send phase has cleared them), notes them for combine,
+// and copies the payload into each row with its loads in flight during the hand-out.
 __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
-  const int warp = static_cast<int>(threadIdx.x / kWarp) * gridDim.x + blockIdx.x;
+  const int warp = receiveWarpIndex();
   const int warps = gridDim.x * kWarps;
   const LlSetLocal& local = g.sets[set];
   const int parts = llParts(g.hidden);
@@ -467,7 +476,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
 __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDispatchInput in, int set, bool send,
                                                                 bool receive) {
   const int lane = threadIdx.x % kWarp;
-  const int warp = blockIdx.x * kWarps + threadIdx.x / kWarp;
+  const int warp = sendWarpIndex();
   const int warps = gridDim.x * kWarps;
   LlOpCounters* counters = &g.counters->dispatch;
   traceKernelStart(g);
@@ -688,7 +697,7 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
 __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombineInput in, int set, bool send,
                                                                bool receive) {
   const int lane = threadIdx.x % kWarp;
-  const int warp = blockIdx.x * kWarps + threadIdx.x / kWarp;
+  const int warp = sendWarpIndex(), receiveWarp = receiveWarpIndex();
   const int warps = gridDim.x * kWarps;
   const int parts = llCombineParts(g.hidden);
   LlOpCounters* counters = &g.counters->combine;
@@ -703,7 +712,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombi
     consumedSeen = loadConsumed(g, set, 1, lane);
     if (warp < g.nRanks * g.maxTokens * parts) loadRowOf(g, in, set, warp / parts, lane, firstRow, firstWeight);
   }
-  if (receive && warp < in.numTokens * parts) firstRanks = __ldcg(g.sets[set].tokenRanks + warp / parts);
+  if (receive && receiveWarp < in.numTokens * parts) firstRanks = __ldcg(g.sets[set].tokenRanks + receiveWarp / parts);
   const LlEpochs e = epochsOf(startWord);
   stamps.started = traceNow(g);
   if (!blockStarted(e)) return;
@@ -712,7 +721,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombi
     if (warp < g.nRanks * g.maxTokens * parts) stamps.sent = traceNow(g);
     sendCounted(g, counters, set, e.send);
   }
-  if (receive) combineReceive(g, in, set, e.receive, warp, warps, firstRanks, stamps);
+  if (receive) combineReceive(g, in, set, e.receive, receiveWarp, warps, firstRanks, stamps);
   traceWarp(g, kTraceLlCombineStarted, send ? e.send : e.receive, stamps);
   if (receive) {
     if (lastBlockToFinish<false>(&g.counters->finished[1])) {
