@@ -3,7 +3,9 @@
 # to an nccl-tests checkout of the pinned version and, with --build, builds nccl-tests with them:
 #   nccl-tests-patches/apply.sh PATH_TO_NCCL_TESTS [--build]
 # --build needs UNIFAB_HOME (an installed unifab: cmake --install BUILD --prefix DIR) and
-# NCCL_HOME / CUDA_HOME as nccl-tests' Makefile uses them.
+# NCCL_HOME / CUDA_HOME as nccl-tests' Makefile uses them; with MPI_HOME (an MPI installation:
+# include/mpi.h, lib/libmpi.so) it builds nccl-tests with MPI, to run one process per GPU
+# (mpirun -n 2 BINARY -g 1) as multi-process jobs run.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 pinned="2.19.6"
@@ -22,5 +24,6 @@ fi
 if [ "$build" = "--build" ]; then
   : "${UNIFAB_HOME:?--build needs UNIFAB_HOME, an installed unifab}"
   make -C "$tree/src" -j"$(nproc)" UNIFAB_HOME="$UNIFAB_HOME" ${NCCL_HOME:+NCCL_HOME="$NCCL_HOME"} \
-    ${CUDA_HOME:+CUDA_HOME="$CUDA_HOME"} ${NVCC_GENCODE:+NVCC_GENCODE="$NVCC_GENCODE"}
+    ${CUDA_HOME:+CUDA_HOME="$CUDA_HOME"} ${NVCC_GENCODE:+NVCC_GENCODE="$NVCC_GENCODE"} \
+    ${MPI_HOME:+MPI=1 MPI_HOME="$MPI_HOME"}
 fi

@@ -163,37 +163,64 @@ for step in $steps; do
   nccltests)
     # nccl-tests with unifab's patch, built against this build installed, next to unifab-bench on
     # the same shapes (the two must agree within 5 %).
+    # One process per GPU under MPI when there is one (UNIFAB_MPI_HOME, or an MPICH wheel carried
+    # in .whl/: pip download mpich), as unifab-bench runs; else nccl-tests' threads (-t 2), where
+    # the two ranks share one process's driver.
     src="${NCCL_TESTS_SRC:-$here/.nccl-tests-src}"
-    say "== nccl-tests $(grep -o 'NCCL_TESTS_VERSION "[^"]*"' "$src/src/common.h" 2>/dev/null) + unifab patch"
+    mpi_home="${UNIFAB_MPI_HOME:-}"
+    wheel="$(ls "$here"/.whl/mpich-*.whl 2>/dev/null | head -1)"
+    if [ -z "$mpi_home" ] && [ -n "$wheel" ] && [ "${UNIFAB_NCCLTESTS_THREADS:-0}" != 1 ]; then
+      rm -rf /tmp/unifab-mpich && python3 -m zipfile -e "$wheel" /tmp/unifab-mpich &&
+        mpi_home="$(echo /tmp/unifab-mpich/mpich-*.data/data)" && chmod +x "$mpi_home"/bin/*
+    fi
+    if [ -n "$mpi_home" ]; then
+      launch=("$mpi_home/bin/mpirun" -n 2) per_rank=(-g 1)
+      export LD_LIBRARY_PATH="$mpi_home/lib:$LD_LIBRARY_PATH"
+    else
+      launch=() per_rank=(-t 2 -g 1)
+    fi
+    say "== nccl-tests $(grep -o 'NCCL_TESTS_VERSION "[^"]*"' "$src/src/common.h" 2>/dev/null) + unifab patch, ${launch[*]:-one process} ${per_rank[*]}"
     nt=/tmp/unifab-nccl-tests
     rm -rf "$nt" && cp -r "$src" "$nt" && cmake --install "$build" --prefix "$build/inst" >"$logs/nccl-tests-build.log" 2>&1 &&
-      UNIFAB_HOME="$build/inst" NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" \
+      UNIFAB_HOME="$build/inst" NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" MPI_HOME="$mpi_home" \
       "$here/nccl-tests-patches/apply.sh" "$nt" --build >>"$logs/nccl-tests-build.log" 2>&1
     if [ $? -ne 0 ]; then failed=1; say "nccl-tests build FAILED"; tail -20 "$logs/nccl-tests-build.log" | tee -a "$summary"; continue; fi
-    ntrun() {  # LABEL [NAME=VALUE]... BINARY ARGS...
+    ntrun() {  # LABEL [NAME=VALUE]... BINARY ARGS... (the launcher and the per-rank GPU options added)
       local label=$1; shift
-      env "$@" >"$logs/nt-$label.txt" 2>&1 || { failed=1; say "FAILED: nccl-tests $label"; }
-      say "-- $label: $*"
+      local envs=()
+      while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
+      env "${envs[@]}" "${launch[@]}" "$@" "${per_rank[@]}" >"$logs/nt-$label.txt" 2>&1 || { failed=1; say "FAILED: nccl-tests $label"; }
+      say "-- $label: ${envs[*]} ${launch[*]} $* ${per_rank[*]}"
       grep -E "^ +[0-9]+ |Out of bounds|wrong|#wrong|Avg bus" "$logs/nt-$label.txt" | tee -a "$summary"
       grep -E "failure|FAILED|error" "$logs/nt-$label.txt" | head -5 | tee -a "$summary"
     }
     b="$nt/build"
-    ntrun pp-check "$b/pp_sendrecv_perf" -t 2 -g 1 -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
-    ntrun pp-one-way UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -t 2 -g 1 -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
-    ntrun nccl-sendrecv "$b/sendrecv_perf" -t 2 -g 1 -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
-    ntrun engram-check UNIFAB_ENGRAM_ROW_BYTES=14336 "$b/engram_read_perf" -t 2 -g 1 -b 14K -e 224M -f 4 -c 1 -n 20 -w 3
+    # nccl-tests allocates its buffers with ncclMemAlloc, which legacy CUDA IPC cannot map into
+    # another process, and PP's default (rendezvous) engine needs one of the two buffers mappable:
+    # across processes PP runs on the slots engine, and on the rendezvous engine with threads.
+    pp_env=()
+    [ -n "$mpi_home" ] && pp_env=(UNIFAB_PP_ENGINE=slots)
+    ntrun pp-check "${pp_env[@]}" "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
+    ntrun pp-one-way "${pp_env[@]}" UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
+    if [ -n "$mpi_home" ]; then
+      launch=() per_rank=(-t 2 -g 1)
+      ntrun pp-one-way-threads UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
+      launch=("$mpi_home/bin/mpirun" -n 2) per_rank=(-g 1)
+    fi
+    ntrun nccl-sendrecv "$b/sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
+    ntrun engram-check UNIFAB_ENGRAM_ROW_BYTES=14336 "$b/engram_read_perf" -b 14K -e 224M -f 4 -c 1 -n 20 -w 3
     for row in 4096 14336 65536; do
-      ntrun "engram-random-$row" UNIFAB_ENGRAM_ROW_BYTES=$row UNIFAB_ENGRAM_RANDOM=1 "$b/engram_read_perf" -t 2 -g 1 -b 64M -e 64M -c 0 -n 20 -w 3
+      ntrun "engram-random-$row" UNIFAB_ENGRAM_ROW_BYTES=$row UNIFAB_ENGRAM_RANDOM=1 "$b/engram_read_perf" -b 64M -e 64M -c 0 -n 20 -w 3
     done
-    ntrun moe-dispatch-check UNIFAB_EP_ROUTING=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 14K -e 56M -f 8 -c 1 -n 5 -w 2
-    ntrun moe-combine-check UNIFAB_EP_ROUTING=1 "$b/moe_combine_perf" -d bfloat16 -t 2 -g 1 -b 14K -e 56M -f 8 -c 1 -n 5 -w 2
-    ntrun moe-dispatch-graph UNIFAB_EP_ROUTING=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 56M -e 56M -c 1 -G 10 -n 30 -w 5
-    ntrun moe-dispatch-bf16 "$b/moe_dispatch_perf" -t 2 -g 1 -b 56M -e 56M -c 0 -n 30 -w 5
-    ntrun moe-dispatch-fp8 UNIFAB_EP_FP8=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 28M -e 28M -c 0 -n 30 -w 5
-    ntrun moe-combine-bf16 "$b/moe_combine_perf" -d bfloat16 -t 2 -g 1 -b 56M -e 56M -c 0 -n 30 -w 5
-    ntrun moe-combine-input-check UNIFAB_EP_ROUTING=1 UNIFAB_EP_COMBINE_INPUT=1 "$b/moe_combine_perf" -d bfloat16 -t 2 -g 1 -b 14K -e 56M -f 8 -c 1 -n 5 -w 2
-    ntrun moe-combine-input UNIFAB_EP_COMBINE_INPUT=1 "$b/moe_combine_perf" -d bfloat16 -t 2 -g 1 -b 56M -e 56M -c 0 -n 30 -w 5
-    ntrun moe-ll-dispatch UNIFAB_EP_MODE=1 "$b/moe_dispatch_perf" -t 2 -g 1 -b 1792K -e 1792K -c 0 -n 50 -w 10
+    ntrun moe-dispatch-check UNIFAB_EP_ROUTING=1 "$b/moe_dispatch_perf" -b 14K -e 56M -f 8 -c 1 -n 5 -w 2
+    ntrun moe-combine-check UNIFAB_EP_ROUTING=1 "$b/moe_combine_perf" -d bfloat16 -b 14K -e 56M -f 8 -c 1 -n 5 -w 2
+    ntrun moe-dispatch-graph UNIFAB_EP_ROUTING=1 "$b/moe_dispatch_perf" -b 56M -e 56M -c 1 -G 10 -n 30 -w 5
+    ntrun moe-dispatch-bf16 "$b/moe_dispatch_perf" -b 56M -e 56M -c 0 -n 30 -w 5
+    ntrun moe-dispatch-fp8 UNIFAB_EP_FP8=1 "$b/moe_dispatch_perf" -b 28M -e 28M -c 0 -n 30 -w 5
+    ntrun moe-combine-bf16 "$b/moe_combine_perf" -d bfloat16 -b 56M -e 56M -c 0 -n 30 -w 5
+    ntrun moe-combine-input-check UNIFAB_EP_ROUTING=1 UNIFAB_EP_COMBINE_INPUT=1 "$b/moe_combine_perf" -d bfloat16 -b 14K -e 56M -f 8 -c 1 -n 5 -w 2
+    ntrun moe-combine-input UNIFAB_EP_COMBINE_INPUT=1 "$b/moe_combine_perf" -d bfloat16 -b 56M -e 56M -c 0 -n 30 -w 5
+    ntrun moe-ll-dispatch UNIFAB_EP_MODE=1 "$b/moe_dispatch_perf" -b 1792K -e 1792K -c 0 -n 50 -w 10
     ;;
   tunesweep)
     # ~1.6 s per configuration run: 22 configurations x 3 repetitions is ~2 min per collective and
