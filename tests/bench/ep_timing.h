@@ -71,7 +71,10 @@ bool timeKernels(test::NcclSession& session, Timer& timer, int iters, Setup setu
   }
   return true;
 }
-constexpr int kBackToBack = 10;
+// As many calls as nccl-tests' default -n, so that whatever a run pays once (its first call,
+// which waits for the other rank's; the event's start) weighs as it does there. With 10, PP's
+// ~20 us calls read 2-4 us above nccl-tests' in the same device call (2026-11-30).
+constexpr int kBackToBack = 20;
 constexpr int kBackToBackRuns = 5;
 
 // The event pass of timeOp: median and p99 of CUDA events around each flushed, aligned call, the
