@@ -166,7 +166,7 @@ enum TracePoint : int {
   kTraceLlDispatchSent,       // each sending warp: its last tags written
   kTraceLlDispatchTagsIn,     // each receiving warp: a message's part tags all in (its first message)
   kTraceLlDispatchReceived,   // each receiving warp: its last message copied
-  kTraceLlDispatchEnd,        // last block: counts published and the set released
+  kTraceLlDispatchEnd,        // last block: the set released to its senders
   kTraceLlCombineStarted,
   kTraceLlCombineLoaded,      // each sending warp: its first item's expert rows summed
   kTraceLlCombineStored,      // each sending warp: its first part's lines stored

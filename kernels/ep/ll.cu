@@ -298,8 +298,9 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   // Message parts: one warp per (token, part).
   const int parts = llParts(g.hidden);
   // This rank's receive phase counts rows into the set's recvCount, which holds the counts of the
-  // dispatch before last (valid until this call) until the grid's last warp clears it: after its
-  // items, if it has any (it has none in a combined kernel of up to half the grid's warps in parts).
+  // set's previous dispatch (the caller's until this call) until the grid's last warp clears it,
+  // after its own items: it has none unless the parts or bitmap words reach 16 x gridDim.x (a
+  // kernel capped at the GPU's SMs, or a send-only one).
   const auto clearCounts = [&] {
     if (warp != warps - 1) return;
     for (int x = lane; x < g.numLocalExperts; x += kWarp) local.recvCount[x] = 0;

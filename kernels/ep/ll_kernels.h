@@ -17,8 +17,9 @@
 //
 // Two buffer sets alternate between dispatches (the host picks the set); epochs count the calls
 // of each phase on the device, so a captured graph replays with fresh tags and flags. Before
-// writing into a set, a sender waits until every receiver has finished reading that set's
-// previous contents.
+// writing into a peer's set, a sender waits until that receiver has finished reading the set's
+// previous contents; the set's outputs on this GPU (recvCount among them) are the caller's until the
+// next dispatch into the set, which reuses them in stream order.
 #pragma once
 
 #include <cuda_runtime.h>
