@@ -249,8 +249,9 @@ typedef struct {
   {sizeof(unifabEpLowLatencyDispatchArgs_t), 0, 0, 0, unifabEpIndexInt64, 0, unifabEpFp8E4M3, 0, unifabEpSendAndReceive, 0}
 
 /* Expert-major receive buffers of one dispatch (inside the group; valid until the dispatch after
- * next, whose send phase already reuses them when it is called apart). Local expert e owns rows [e * expertStride, e * expertStride + recvCount[e]); each row is
- * one (source token, local expert) pair, in the order the tokens arrived (recvSource names them). */
+ * next, whose send phase already reuses them when it is called apart). Local expert e owns rows
+ * [e * expertStride, e * expertStride + recvCount[e]); each row is one (source token, local expert)
+ * pair, in the order the tokens arrived (recvSource names them). */
 typedef struct {
   size_t size;                     /* sizeof(unifabEpLowLatencyDispatchResult_t) */
   void* recvX;                     /* [numLocalExperts * expertStride, hidden] FP8 or BF16 */
