@@ -69,6 +69,25 @@ size_t parseBytes(const std::string& text) {
   return static_cast<size_t>(value);
 }
 
+namespace {
+int backToBack = 20;
+}  // namespace
+
+int backToBackCalls() { return backToBack; }
+
+bool parseBackToBack(Args& args, const char* command) {
+  const std::string text = args.value("--b2b", "20");
+  char* end = nullptr;
+  const long value = strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || value < 1 || value > 100000) {
+    fprintf(stderr, "unifab-bench %s: --b2b is the calls per back-to-back run, 1..100000 (got '%s')\n", command,
+            text.c_str());
+    return false;
+  }
+  backToBack = static_cast<int>(value);
+  return true;
+}
+
 bool opSelected(const std::string& ops, const char* op) {
   if (ops.empty()) return true;
   return ("," + ops + ",").find("," + std::string(op) + ",") != std::string::npos;

@@ -24,6 +24,11 @@ std::string formatBytes(size_t bytes);
 
 // Whether `op` is in the comma-separated `ops` of an --ops option (empty: every op).
 bool opSelected(const std::string& ops, const char* op);
+// Calls per back-to-back run of the ep, pp and engram benchmarks (20 unless --b2b set it).
+int backToBackCalls();
+// Reads `--b2b N` (1..100000) into backToBackCalls(); false, with a message naming the option and
+// its bounds, for anything else.
+bool parseBackToBack(Args& args, const char* command);
 double median(std::vector<double> values);
 double percentile(std::vector<double> values, double fraction);
 

@@ -148,7 +148,7 @@ bool runEngramRank(const EngramRun& run, const test::RankEnvironment& env) {
     printf("# unifab-bench engram: random rows of the peer GPU; median of %d after %d warm-up, L2 flushed, slower "
            "rank; GB/s = 1e9 B/s of rows fetched\n", run.iters, run.warmup);
     printf("# b2b = per fetch (issue + wait) of %d in a row with no flush or barrier between them (as nccl-tests times), "
-           "median of %d runs\n", kBackToBack, kBackToBackRuns);
+           "median of %d runs\n", backToBackCalls(), kBackToBackRuns);
     printf("# %9s %-26s %4s %8s %10s %10s %10s %10s %10s %10s\n", "row B", "engine", "SMs", "rows", "time(us)",
            "Mrows/s", "GB/s", "b2b(us)", "GB/s", "host(us)");
     for (const EngramRow& r : results) {
@@ -181,6 +181,7 @@ int runEngram(Args& args, const char* self) {
   run.iters = atoi(args.value("--iters", "20").c_str());
   run.warmup = atoi(args.value("--warmup", "3").c_str());
   run.csv = args.value("--csv", "");
+  if (!parseBackToBack(args, "engram")) return 2;
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench engram: unknown argument '%s'\n", args.leftovers()[0].c_str());
     return 2;

@@ -174,7 +174,7 @@ bool runEpRank(const EpRun& run, const test::RankEnvironment& env) {
            env.nRanks, run.tokens, run.hidden, run.topk, run.experts, run.fp8 ? "FP8" : "BF16",
            run.expertMajor ? "expert-major" : "rank-major", sms > 0 ? std::to_string(sms).c_str() : "auto");
     printf("# median of %d after %d warm-up, L2 flushed, slowest rank; GB/s = 1e9 B/s; b2b = per call of %d in a row"
-           " (median of %d runs); host = time inside the call\n", run.iters, run.warmup, kBackToBack, kBackToBackRuns);
+           " (median of %d runs); host = time inside the call\n", run.iters, run.warmup, backToBackCalls(), kBackToBackRuns);
     printf("# %-30s %10s %12s %12s %10s %10s\n", "op", "time(us)", "DeepEP GB/s", "NVLink GB/s", "b2b(us)", "host(us)");
     auto row = [&](const char* name, const OpTimes& t, double bytes, double remote) {
       if (t.us <= 0) return;  // not run (--ops)
@@ -294,6 +294,7 @@ int runEp(Args& args, const char* self) {
   run.csv = args.value("--csv", "");
   run.ops = args.value("--ops", "");
   std::string ranksText = args.value("--nranks", "0");
+  if (!parseBackToBack(args, "ep")) return 2;
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench ep: unknown argument '%s'\n", args.leftovers()[0].c_str());
     return 2;

@@ -66,6 +66,11 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
   const double dispatchRowBytes = run.fp8 ? run.hidden + run.hidden / 128.0 * 4 + 16 : run.hidden * 2.0;
   const double combineRowBytes = run.hidden * 2.0;
   std::vector<LlRow> rows;
+  struct DeepEpRow {
+    int tokens;
+    BackToBackKernelTimes t;
+  };
+  std::vector<DeepEpRow> deepEpRows;
   // Pass 0 times every op with events; pass 1 (kernel times) runs the same ops again with CUPTI
   // recording their kernels, after every event-timed measurement (CUPTI slows later launches), and
   // fills the rows of pass 0 in the same order.
@@ -143,6 +148,12 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
       if (run.wants("pair")) {
         if (!timeOp(session, timer, iters, warmup, nothing, [&] { return both() && combineBoth(); }, release, true, &t)) return false;
         add("dispatch + combine", 0);
+        if (pass == 1) {
+          // DeepEP's way: pairs back to back, nothing flushed or aligned between them.
+          BackToBackKernelTimes b2b;
+          if (!timeKernelsBackToBack(session, iters, {both, combineBoth}, release, &b2b)) return false;
+          if (b2b.measured) deepEpRows.push_back({tokens, b2b});
+        }
       }
       if (!run.wants("nccl")) continue;
 
@@ -190,7 +201,7 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
            env.nRanks, run.hidden, run.topk, run.experts, run.fp8 ? "FP8" : "BF16",
            run.sms > 0 ? std::to_string(run.sms).c_str() : "auto");
     printf("# median and p99 of %d after %d warm-up, L2 flushed, slowest rank; GB/s per (token, expert) selection;"
-           " b2b = per call of %d in a row (median of %d runs)\n", run.iters, run.warmup, kBackToBack, kBackToBackRuns);
+           " b2b = per call of %d in a row (median of %d runs)\n", run.iters, run.warmup, backToBackCalls(), kBackToBackRuns);
     if (!run.kernelTimes) {
       printf("# kernel times not measured (--kernel-times 0)\n");
     } else if (KernelTimer::available()) {
@@ -213,14 +224,26 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
              rate.c_str(), column(row.t.backToBackUs).c_str(), row.t.hostUs, column(row.t.kernelUs).c_str(),
              column(row.t.kernelP99Us).c_str());
     }
+    if (!deepEpRows.empty()) {
+      printf("# kernel times as DeepEP's bench_kineto takes them: %d dispatch + combine pairs back to back after one\n"
+             "# barrier, no L2 flush between them (CUPTI); mean (what DeepEP prints) and median, slowest rank\n",
+             run.iters);
+      printf("# %6s %-32s %10s %10s %10s %10s %10s\n", "tokens", "op", "d mean", "d median", "c mean", "c median",
+             "sum means");
+      for (const DeepEpRow& row : deepEpRows) {
+        printf("  %6d %-32s %10.1f %10.1f %10.1f %10.1f %10.1f\n", row.tokens, "kernels b2b, no flush (DeepEP)",
+               row.t.meanUs[0], row.t.medianUs[0], row.t.meanUs[1], row.t.medianUs[1], row.t.sumMeanUs);
+      }
+    }
     if (!run.csv.empty()) {
       FILE* f = fopen(run.csv.c_str(), "w");
       if (f != nullptr) {
-        fprintf(f, "op,ranks,tokens,hidden,topk,experts,dtype,sms,time_us,p99_us,selection_gbs,host_us,kernel_us,kernel_p99_us\n");
+        fprintf(f, "op,ranks,tokens,hidden,topk,experts,dtype,sms,time_us,p99_us,selection_gbs,host_us,kernel_us,kernel_p99_us,b2b_us\n");
         for (const LlRow& row : rows) {
-          fprintf(f, "%s,%d,%d,%d,%d,%d,%s,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n", row.op.c_str(), env.nRanks, row.tokens,
+          fprintf(f, "%s,%d,%d,%d,%d,%d,%s,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n", row.op.c_str(), env.nRanks, row.tokens,
                   run.hidden, run.topk, run.experts, run.fp8 ? "fp8" : "bf16", run.sms, row.t.us, row.t.p99Us,
-                  row.bytes > 0 ? row.bytes / (row.t.us * 1e3) : 0.0, row.t.hostUs, row.t.kernelUs, row.t.kernelP99Us);
+                  row.bytes > 0 ? row.bytes / (row.t.us * 1e3) : 0.0, row.t.hostUs, row.t.kernelUs, row.t.kernelP99Us,
+                  row.t.backToBackUs);
         }
         fclose(f);
       }
@@ -251,6 +274,7 @@ int runEpLowLatency(Args& args, const char* self) {
   const std::string kernelTimes = args.value("--kernel-times", "1");
   run.kernelTimes = kernelTimes == "1";
   std::string ranksText = args.value("--nranks", "0");
+  if (!parseBackToBack(args, "ep --mode ll")) return 2;
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench ep --mode ll: unknown argument '%s'\n", args.leftovers()[0].c_str());
     return 2;

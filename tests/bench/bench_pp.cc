@@ -87,7 +87,7 @@ bool runPpRank(const PpRun& run, const test::RankEnvironment& env) {
            (run.chunkBytes ? run.chunkBytes : size_t{8} << 20) >> 10, run.chunksInFlight ? run.chunksInFlight : 4,
            run.iters, run.warmup);
     printf("# b2b = per call of %d calls in a row with no flush or barrier between them (as nccl-tests times), median "
-           "of %d runs\n", kBackToBack, kBackToBackRuns);
+           "of %d runs\n", backToBackCalls(), kBackToBackRuns);
     printf("# %12s %12s %10s %12s %10s %12s %10s %12s %10s %12s %10s\n", "bytes", "unifab(us)", "GB/s", "nccl(us)",
            "GB/s", "copy eng(us)", "GB/s", "unifab b2b", "GB/s", "nccl b2b", "GB/s");
     for (const Row& r : rows) {
@@ -128,6 +128,7 @@ int runPp(Args& args, const char* self) {
   run.chunkBytes = parseBytes(args.value("--chunk", "0"));
   run.chunksInFlight = atoi(args.value("--inflight", "0").c_str());
   run.csv = args.value("--csv", "");
+  if (!parseBackToBack(args, "pp")) return 2;
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench pp: unknown argument '%s'\n", args.leftovers()[0].c_str());
     return 2;

@@ -1,6 +1,6 @@
 // How unifab-bench ep times an operation: CUDA events around one call after an L2 flush and a
 // barrier (every rank starts together), the median and 99th percentile over the iterations, the
-// time per call of calls issued back to back (median of kBackToBackRuns runs), and the host time
+// time per call of calls issued back to back (median of kBackToBackRuns runs of backToBackCalls()), and the host time
 // inside one call; each reduced to the slowest rank. With Timer::kernelsOnly, timeOp instead records
 // the operation's kernels with CUPTI (KernelTimer) over the same flushed, aligned iterations: their
 // GPU time alone, as profiler-based benchmarks report it. CUPTI, once on, slows every later launch
@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "tests/bench/bench_common.h"
@@ -71,10 +72,69 @@ bool timeKernels(test::NcclSession& session, Timer& timer, int iters, Setup setu
   }
   return true;
 }
-// As many calls as nccl-tests' default -n, so that whatever a run pays once (its first call,
-// which waits for the other rank's; the event's start) weighs as it does there. With 10, PP's
-// ~20 us calls read 2-4 us above nccl-tests' in the same device call (2026-11-30).
-constexpr int kBackToBack = 20;
+// Kernel times of a sequence of operations (e.g. dispatch then combine) run `iters` times back
+// to back with no flush and no barrier between them, as DeepEP's bench_kineto takes its
+// low-latency numbers (its test function run 30 times in a row after one barrier; the profiler's
+// mean per kernel). For each op: mean (what DeepEP prints) and median of its kernel spans, the
+// slowest rank's; `sumMeanUs` is the sum of the ops' means. Every rank takes part or none does.
+struct BackToBackKernelTimes {
+  std::vector<double> meanUs, medianUs;
+  double sumMeanUs = 0;
+  bool measured = false;
+};
+
+template <typename Teardown>
+bool timeKernelsBackToBack(test::NcclSession& session, int iters, const std::vector<std::function<bool()>>& ops,
+                           Teardown teardown, BackToBackKernelTimes* times) {
+  *times = BackToBackKernelTimes{};
+  KernelTimer kernels;
+  const bool began = KernelTimer::available() && kernels.begin();
+  double refused = began ? 0.0 : 1.0;
+  if (!session.maxOverRanks(&refused)) return false;
+  if (refused > 0) {
+    std::vector<double> unused;
+    if (began) kernels.end(0, &unused);
+    return true;
+  }
+  constexpr int kUntimed = 3;
+  const size_t nOps = ops.size();
+  if (!session.barrier(true)) return false;
+  for (int i = -kUntimed; i < iters; ++i) {
+    for (size_t k = 0; k < nOps; ++k) {
+      if (i >= 0) kernels.enter(static_cast<uint64_t>(i) * nOps + k + 1);
+      const bool ran = ops[k]();
+      if (i >= 0) kernels.leave();
+      if (!ran) return false;
+    }
+    if (!teardown()) return false;
+  }
+  TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+  std::vector<double> spans;
+  const bool recorded = kernels.end(static_cast<uint64_t>(iters) * nOps, &spans) &&
+                        std::find(spans.begin(), spans.end(), 0.0) == spans.end();
+  double missing = recorded ? 0.0 : 1.0;
+  if (!session.maxOverRanks(&missing)) return false;
+  if (missing > 0) return true;
+  times->meanUs.assign(nOps, 0.0);
+  times->medianUs.assign(nOps, 0.0);
+  for (size_t k = 0; k < nOps; ++k) {
+    std::vector<double> own;
+    for (int i = 0; i < iters; ++i) own.push_back(spans[static_cast<size_t>(i) * nOps + k]);
+    double sum = 0;
+    for (double v : own) sum += v;
+    times->meanUs[k] = sum / iters;
+    times->medianUs[k] = median(own);
+    if (!session.maxOverRanks(&times->meanUs[k]) || !session.maxOverRanks(&times->medianUs[k])) return false;
+    times->sumMeanUs += times->meanUs[k];
+  }
+  times->measured = true;
+  return true;
+}
+
+// Calls per back-to-back run: by default as many as nccl-tests' default -n, so that whatever a
+// run pays once (its first call, which waits for the other rank's; the event's start) weighs as
+// it does there (with 10, PP's ~20 us calls read 2-4 us above nccl-tests' in the same device
+// call, 2026-11-30). `--b2b N` (parseBackToBack) sets it for a comparison with nccl-tests' -n N.
 constexpr int kBackToBackRuns = 5;
 
 // The event pass of timeOp: median and p99 of CUDA events around each flushed, aligned call, the
@@ -103,20 +163,20 @@ bool timeEvents(test::NcclSession& session, Timer& timer, int iters, Setup setup
   times->hostUs = median(host);
   if (!session.barrier(true)) return false;
   if (backToBack) {
-    // The median of kBackToBackRuns runs of kBackToBack calls: one run of a few microseconds per
+    // The median of kBackToBackRuns runs of backToBackCalls() calls: one run of a few microseconds per
     // call carries the noise of a single host hiccup.
     std::vector<double> runs;
     for (int run = 0; run < kBackToBackRuns; ++run) {
       if (!session.barrier(true)) return false;
       TEST_CUDA_CHECK(cudaEventRecord(timer.start, session.stream()));
-      for (int i = 0; i < kBackToBack; ++i) {
+      for (int i = 0; i < backToBackCalls(); ++i) {
         if (!op() || !teardown()) return false;
       }
       TEST_CUDA_CHECK(cudaEventRecord(timer.stop, session.stream()));
       TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
       float ms = 0;
       TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, timer.start, timer.stop));
-      runs.push_back(ms * 1000.0 / kBackToBack);
+      runs.push_back(ms * 1000.0 / backToBackCalls());
     }
     times->backToBackUs = median(runs);
   }
@@ -125,7 +185,7 @@ bool timeEvents(test::NcclSession& session, Timer& timer, int iters, Setup setup
 
 // Times op() with setup() before the flush (untimed) and teardown() after the stop event
 // (untimed): e.g. the dispatch a combine needs, or the receive phase that completes a timed send.
-// Back-to-back time (op then teardown, kBackToBack times in a row) only where it is asked for:
+// Back-to-back time (op then teardown, backToBackCalls() times in a row) only where it is asked for:
 // where setup is empty and teardown does no GPU work. With timer.kernelsOnly, kernel times alone.
 template <typename Setup, typename Op, typename Teardown>
 bool timeOp(test::NcclSession& session, Timer& timer, int iters, int warmup, Setup setup, Op op, Teardown teardown,

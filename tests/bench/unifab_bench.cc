@@ -51,6 +51,7 @@ void usage() {
       "        at NCCL's default build on as many channels as it built); --max-slowdown P: exit 3 when,\n"
       "        choosing otherwise than NCCL's default, the tuner is more than P %% slower than it;\n"
       "        --from-logs: analyse the CSVs and logs a finished sweep left in DIR again, running nothing\n"
+      "  ep, pp, engram: --b2b N calls per back-to-back run (default 20, nccl-tests' -n)\n"
       "  copy-routes --bytes BYTES --busy-ms MS\n"
       "        each device-to-device copy route alone and next to a kernel holding every SM (one process)\n");
 }
