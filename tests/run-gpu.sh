@@ -2,7 +2,7 @@
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
 # and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
-#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [nccltests] [tunesweep] [epsweep] [trace] [lltrace] [sanitize] [sweep] [ab]
+#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [nccltests] [ntcompare] [tunesweep] [epsweep] [trace] [lltrace] [sanitize] [sweep] [ab]
 #   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
 # UNIFAB_TUNESWEEP_CHANNELS replaces the forced channel counts (NVLink 8,24,32; unifab 1,2,8).
@@ -99,6 +99,46 @@ compare() {
   table "$common" "${labels[@]}"
 }
 
+# nccl-tests with unifab's patch, built against this build installed (once per call): sets
+# launch / per_rank (one process per GPU under MPI when there is one: UNIFAB_MPI_HOME, or an MPICH
+# wheel carried in .whl/, pip download mpich; else nccl-tests' threads, -t 2, where the two ranks
+# share one process's driver), mpi_home, and b (the binaries' folder). ntrun runs one test.
+nt_ready=""
+nccl_tests_setup() {
+  src="${NCCL_TESTS_SRC:-$here/.nccl-tests-src}"
+  mpi_home="${UNIFAB_MPI_HOME:-}"
+  local wheel
+  wheel="$(ls "$here"/.whl/mpich-*.whl 2>/dev/null | head -1)"
+  if [ -z "$mpi_home" ] && [ -n "$wheel" ] && [ "${UNIFAB_NCCLTESTS_THREADS:-0}" != 1 ]; then
+    rm -rf /tmp/unifab-mpich && python3 -m zipfile -e "$wheel" /tmp/unifab-mpich &&
+      mpi_home="$(echo /tmp/unifab-mpich/mpich-*.data/data)" && chmod +x "$mpi_home"/bin/*
+  fi
+  if [ -n "$mpi_home" ]; then
+    launch=("$mpi_home/bin/mpirun" -n 2) per_rank=(-g 1)
+    export LD_LIBRARY_PATH="$mpi_home/lib:$LD_LIBRARY_PATH"
+  else
+    launch=() per_rank=(-t 2 -g 1)
+  fi
+  nt=/tmp/unifab-nccl-tests
+  b="$nt/build"
+  [ -n "$nt_ready" ] && return 0
+  say "== nccl-tests $(grep -o 'NCCL_TESTS_VERSION "[^"]*"' "$src/src/common.h" 2>/dev/null) + unifab patch, ${launch[*]:-one process} ${per_rank[*]}"
+  rm -rf "$nt" && cp -r "$src" "$nt" && cmake --install "$build" --prefix "$build/inst" >"$logs/nccl-tests-build.log" 2>&1 &&
+    UNIFAB_HOME="$build/inst" NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" MPI_HOME="$mpi_home" \
+    "$here/nccl-tests-patches/apply.sh" "$nt" --build >>"$logs/nccl-tests-build.log" 2>&1
+  if [ $? -ne 0 ]; then failed=1; say "nccl-tests build FAILED"; tail -20 "$logs/nccl-tests-build.log" | tee -a "$summary"; return 1; fi
+  nt_ready=1
+}
+ntrun() {  # LABEL [NAME=VALUE]... BINARY ARGS... (the launcher and the per-rank GPU options added)
+  local label=$1; shift
+  local envs=()
+  while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
+  env "${envs[@]}" "${launch[@]}" "$@" "${per_rank[@]}" >"$logs/nt-$label.txt" 2>&1 || { failed=1; say "FAILED: nccl-tests $label"; }
+  say "-- $label: ${envs[*]} ${launch[*]} $* ${per_rank[*]}"
+  grep -E "^ +[0-9]+ |Out of bounds|wrong|#wrong|Avg bus" "$logs/nt-$label.txt" | tee -a "$summary"
+  grep -E "failure|FAILED|error" "$logs/nt-$label.txt" | head -5 | tee -a "$summary"
+}
+
 for step in $steps; do
   case $step in
   tests)
@@ -161,40 +201,9 @@ for step in $steps; do
     tee -a "$summary" <"$logs/engram.txt"
     ;;
   nccltests)
-    # nccl-tests with unifab's patch, built against this build installed, next to unifab-bench on
-    # the same shapes (the two must agree within 5 %).
-    # One process per GPU under MPI when there is one (UNIFAB_MPI_HOME, or an MPICH wheel carried
-    # in .whl/: pip download mpich), as unifab-bench runs; else nccl-tests' threads (-t 2), where
-    # the two ranks share one process's driver.
-    src="${NCCL_TESTS_SRC:-$here/.nccl-tests-src}"
-    mpi_home="${UNIFAB_MPI_HOME:-}"
-    wheel="$(ls "$here"/.whl/mpich-*.whl 2>/dev/null | head -1)"
-    if [ -z "$mpi_home" ] && [ -n "$wheel" ] && [ "${UNIFAB_NCCLTESTS_THREADS:-0}" != 1 ]; then
-      rm -rf /tmp/unifab-mpich && python3 -m zipfile -e "$wheel" /tmp/unifab-mpich &&
-        mpi_home="$(echo /tmp/unifab-mpich/mpich-*.data/data)" && chmod +x "$mpi_home"/bin/*
-    fi
-    if [ -n "$mpi_home" ]; then
-      launch=("$mpi_home/bin/mpirun" -n 2) per_rank=(-g 1)
-      export LD_LIBRARY_PATH="$mpi_home/lib:$LD_LIBRARY_PATH"
-    else
-      launch=() per_rank=(-t 2 -g 1)
-    fi
-    say "== nccl-tests $(grep -o 'NCCL_TESTS_VERSION "[^"]*"' "$src/src/common.h" 2>/dev/null) + unifab patch, ${launch[*]:-one process} ${per_rank[*]}"
-    nt=/tmp/unifab-nccl-tests
-    rm -rf "$nt" && cp -r "$src" "$nt" && cmake --install "$build" --prefix "$build/inst" >"$logs/nccl-tests-build.log" 2>&1 &&
-      UNIFAB_HOME="$build/inst" NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" MPI_HOME="$mpi_home" \
-      "$here/nccl-tests-patches/apply.sh" "$nt" --build >>"$logs/nccl-tests-build.log" 2>&1
-    if [ $? -ne 0 ]; then failed=1; say "nccl-tests build FAILED"; tail -20 "$logs/nccl-tests-build.log" | tee -a "$summary"; continue; fi
-    ntrun() {  # LABEL [NAME=VALUE]... BINARY ARGS... (the launcher and the per-rank GPU options added)
-      local label=$1; shift
-      local envs=()
-      while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
-      env "${envs[@]}" "${launch[@]}" "$@" "${per_rank[@]}" >"$logs/nt-$label.txt" 2>&1 || { failed=1; say "FAILED: nccl-tests $label"; }
-      say "-- $label: ${envs[*]} ${launch[*]} $* ${per_rank[*]}"
-      grep -E "^ +[0-9]+ |Out of bounds|wrong|#wrong|Avg bus" "$logs/nt-$label.txt" | tee -a "$summary"
-      grep -E "failure|FAILED|error" "$logs/nt-$label.txt" | head -5 | tee -a "$summary"
-    }
-    b="$nt/build"
+    # nccl-tests with unifab's patch next to unifab-bench on the same shapes (the two must agree
+    # within 5 %: ntcompare checks it).
+    nccl_tests_setup || continue
     # nccl-tests allocates its buffers with ncclMemAlloc, which legacy CUDA IPC cannot map into
     # another process, and PP's default (rendezvous) engine needs one of the two buffers mappable:
     # across processes PP runs on the slots engine, and on the rendezvous engine with threads.
@@ -221,6 +230,78 @@ for step in $steps; do
     ntrun moe-combine-input-check UNIFAB_EP_ROUTING=1 UNIFAB_EP_COMBINE_INPUT=1 "$b/moe_combine_perf" -d bfloat16 -b 14K -e 56M -f 8 -c 1 -n 5 -w 2
     ntrun moe-combine-input UNIFAB_EP_COMBINE_INPUT=1 "$b/moe_combine_perf" -d bfloat16 -b 56M -e 56M -c 0 -n 30 -w 5
     ntrun moe-ll-dispatch UNIFAB_EP_MODE=1 "$b/moe_dispatch_perf" -b 1792K -e 1792K -c 0 -n 50 -w 10
+    ;;
+  ntcompare)
+    # nccl-tests against unifab-bench on the same shapes, interleaved, UNIFAB_NTCOMPARE_REPS times
+    # (default 5): each repetition runs every test once in each tool, a process (pair) each.
+    # nccl-tests times each size 5 times (-N 5), each the slowest rank's (-a 3, as unifab-bench
+    # reduces); unifab-bench's back-to-back time is the median of 5 runs of as many calls as
+    # nccl-tests' -n. Calls whose time is the host's or a hand-over's (PP up to 4 MiB, Engram's
+    # copy engine) vary by 10-20 % from one run of 20 calls to the next on these shared machines:
+    # those rows take 200 calls a run on both sides, and Engram's copy engine 100 warm-up fetches in
+    # nccl-tests (its first ~100 ms of fetches ran up to 2x slower in every process). Whole
+    # processes also land in a slow mode (Engram's 64 KiB fetch: 540-600 us in some, ~1000 in
+    # others, on both sides alike), so tests/bench/nccltests_compare.py checks the 5 % on each
+    # tool's fastest repetition and prints the medians next to it.
+    nccl_tests_setup || continue
+    reps=${UNIFAB_NTCOMPARE_REPS:-5}
+    # Across processes PP runs on the slots engine (nccl-tests' ncclMemAlloc buffers; see nccltests).
+    pp_engine=rendezvous
+    [ -n "$mpi_home" ] && pp_engine=slots
+    say "== nccl-tests against unifab-bench, interleaved, $reps repetitions (${launch[*]:-threads}; PP engine $pp_engine)"
+    cmp_nt() {  # LABEL [NAME=VALUE]... BINARY ARGS...
+      local label=$1; shift
+      local envs=()
+      while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
+      env "${envs[@]}" "${launch[@]}" "$@" -N 5 -a 3 "${per_rank[@]}" >"$logs/nt-cmp-$label.txt" 2>&1 ||
+        { failed=1; say "FAILED: nccl-tests $label: ${envs[*]} $*"; tail -5 "$logs/nt-cmp-$label.txt" | tee -a "$summary"; }
+    }
+    cmp_bench() {  # LABEL [NAME=VALUE]... unifab-bench ARGS...
+      local label=$1; shift
+      local envs=()
+      while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
+      env "${envs[@]}" "$bench" "$@" --csv "$logs/cmp-$label.csv" >"$logs/cmp-$label.txt" 2>&1 ||
+        { failed=1; say "FAILED: unifab-bench $label: ${envs[*]} $*"; tail -5 "$logs/cmp-$label.txt" | tee -a "$summary"; }
+    }
+    pp=(UNIFAB_PP_ENGINE=$pp_engine)
+    # UNIFAB_NTCOMPARE_TESTS: a subset of "pp-short pp-long engram engram-ce moe" (default all);
+    # the comparison then leaves out the rows not run.
+    parts=" ${UNIFAB_NTCOMPARE_TESTS:-pp-short pp-long engram engram-ce moe} "
+    wants() { [[ "$parts" == *" $1 "* ]]; }
+    for rep in $(seq 1 "$reps"); do
+      if wants pp-short; then
+        cmp_nt "pp.short.rep$rep" "${pp[@]}" UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 4M -f 4 -c 0 -n 200 -w 20
+        cmp_bench "pp.short.rep$rep" "${pp[@]}" pp --min 4K --max 4M --factor 4 --iters 5 --warmup 3 --b2b 200
+      fi
+      if wants pp-long; then
+        cmp_nt "pp.long.rep$rep" "${pp[@]}" UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 16M -e 1G -f 4 -c 0 -n 20 -w 3
+        cmp_bench "pp.long.rep$rep" "${pp[@]}" pp --min 16M --max 1G --factor 4 --iters 5 --warmup 3
+      fi
+      if wants engram; then
+        for row in 4096 14336; do  # the gather kernel on 4 SMs, what these rows are measured on
+          cmp_nt "engram-$row.rep$rep" UNIFAB_ENGRAM_ROW_BYTES=$row UNIFAB_ENGRAM_RANDOM=1 UNIFAB_ENGRAM_ENGINE=2 \
+            UNIFAB_ENGRAM_SMS=4 "$b/engram_read_perf" -b 64M -e 64M -c 0 -n 20 -w 3
+        done
+        cmp_bench "engram.rep$rep" engram --rows 4K,14K --fetch 64M --iters 5 --warmup 3
+      fi
+      if wants engram-ce; then
+        cmp_nt "engram-65536.rep$rep" UNIFAB_ENGRAM_ROW_BYTES=65536 UNIFAB_ENGRAM_RANDOM=1 UNIFAB_ENGRAM_ENGINE=1 \
+          "$b/engram_read_perf" -b 64M -e 64M -c 0 -n 200 -w 100
+        cmp_bench "engram.ce.rep$rep" engram --rows 64K --fetch 64M --iters 5 --warmup 3 --b2b 200
+      fi
+      if wants moe; then
+        cmp_nt "moe-dispatch-bf16.rep$rep" "$b/moe_dispatch_perf" -b 56M -e 56M -c 0 -n 20 -w 5
+        cmp_nt "moe-dispatch-fp8.rep$rep" UNIFAB_EP_FP8=1 "$b/moe_dispatch_perf" -b 28M -e 28M -c 0 -n 20 -w 5
+        cmp_nt "moe-combine-bf16.rep$rep" "$b/moe_combine_perf" -d bfloat16 -b 56M -e 56M -c 0 -n 20 -w 5
+        cmp_nt "moe-combine-input.rep$rep" UNIFAB_EP_COMBINE_INPUT=1 "$b/moe_combine_perf" -d bfloat16 -b 56M -e 56M -c 0 -n 20 -w 5
+        cmp_nt "moe-ll-dispatch.rep$rep" UNIFAB_EP_MODE=1 "$b/moe_dispatch_perf" -b 1792K -e 1792K -c 0 -n 20 -w 10
+        cmp_bench "ep-ht-bf16.rep$rep" ep --mode ht --dtype bf16 --ops dispatch,combine,combine-input --iters 5 --warmup 5
+        cmp_bench "ep-ht-fp8.rep$rep" ep --mode ht --dtype fp8 --ops dispatch --iters 5 --warmup 5
+        cmp_bench "ep-ll-bf16.rep$rep" ep --mode ll --dtype bf16 --tokens 128 --ops dispatch --iters 10 --warmup 10 --kernel-times 0
+      fi
+    done
+    python3 "$here/tests/bench/nccltests_compare.py" "$logs" ${UNIFAB_NTCOMPARE_TESTS:+--only-run} | tee -a "$summary"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
     ;;
   tunesweep)
     # ~1.6 s per configuration run: 22 configurations x 3 repetitions is ~2 min per collective and
