@@ -128,8 +128,10 @@ double CostModel::estimateUs(int collective, int algorithm, int protocol, size_t
   double alpha = base / std::max(1, numPipeOps) + p.intraHops * latency_.hop[kLinkNvlink][algorithm][protocol] +
                  p.interHops * latency_.hop[kLinkNet][algorithm][protocol];
   if (protocol == kSimple && nvlinkOnly) alpha += constants_.nvlinkSimpleStartUs;
-  const double payload =
-      nvlinkRingLl128 ? constants_.nvlinkLl128Efficiency : constants_.protocolEfficiency[protocol];
+  const bool hostMovedLl = protocol == kLL && p.interHops > 0 && topology_.networkHostMoved;
+  const double payload = nvlinkRingLl128 ? constants_.nvlinkLl128Efficiency
+                         : hostMovedLl   ? constants_.protocolEfficiency[kSimple] * constants_.hostMovedNetLlRate
+                                         : constants_.protocolEfficiency[protocol];
   double bandwidth = bottleneckGBps() * payload * p.efficiency;
   // NCCL's llMaxBws caps LL where the pattern crosses the network. Inside an NVLink domain LL is
   // bound by its payload fraction of the link (protocolEfficiency) instead: NCCL's Hopper cap

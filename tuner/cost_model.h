@@ -82,6 +82,13 @@ struct ModelConstants {
   // and 37 against 47 (all-gather) in the seventh run, which first forced one; from 128 KiB on the
   // wire two were as fast or faster (all-gather 256 KiB: 90 against 99).
   double netOneChannelBytes = 64.0 * 1024;
+  // LL's rate per payload byte, as a fraction of Simple's, where a pattern crosses a network whose
+  // transport moves every message through host threads: LL's small slices each pay the proxy's and
+  // the transport's per-message costs, so it moves far less than half of Simple's bytes. Fitted on
+  // unifab's sockets, all-reduce over 2 nodes between 32 and 128-256 KiB (docs/benchmarks/tuner.md):
+  // 0.31 (one channel) and 0.34 (two) in the ninth run, 0.35 (two) in the fifth; with NCCL's 0.5
+  // the model kept LL at 128 KiB, 21.5 % behind Simple on one channel.
+  double hostMovedNetLlRate = 0.33;
 };
 
 class CostModel {

@@ -284,6 +284,33 @@ TEST(CostModel, NetworkChannelsFollowTheWireBytesPerRank) {
   EXPECT_EQ(channels, 64);
 }
 
+// Over unifab's sockets LL moves a third of Simple's payload rate (fitted: 0.31-0.35), so the
+// LL/Simple crossover of an all-reduce across two nodes falls between 32 and 128 KiB, where the
+// ninth run measured it (~54 KiB); over another network NCCL's half stands and LL keeps 128 KiB.
+TEST(CostModel, LlCostsMoreAcrossHostMovedNetworks) {
+  Topology sockets = topology(1, 2);
+  sockets.netGBps = 10;  // the sweep's --socket-speed-mbps 80000
+  sockets.networkHostMoved = true;
+  Topology rdma = sockets;
+  rdma.networkHostMoved = false;
+  const CostModel overSockets(sockets, nccl2289Latencies(2));
+  const CostModel overRdma(rdma, nccl2289Latencies(2));
+  for (int algorithm : {kRing, kTree}) {
+    EXPECT_LT(overSockets.estimateUs(kAllReduce, algorithm, kLL, 32 << 10),
+              overSockets.estimateUs(kAllReduce, algorithm, kSimple, 32 << 10)) << algorithmName(algorithm);
+    EXPECT_GT(overSockets.estimateUs(kAllReduce, algorithm, kLL, 128 << 10),
+              overSockets.estimateUs(kAllReduce, algorithm, kSimple, 128 << 10)) << algorithmName(algorithm);
+    EXPECT_LT(overRdma.estimateUs(kAllReduce, algorithm, kLL, 128 << 10),
+              overRdma.estimateUs(kAllReduce, algorithm, kSimple, 128 << 10)) << algorithmName(algorithm);
+  }
+  // Inside a node the sockets carry nothing: LL's estimate does not depend on them.
+  Topology node = topology(8, 1);
+  Topology nodeWithSockets = node;
+  nodeWithSockets.networkHostMoved = true;
+  EXPECT_EQ(CostModel(node, nccl2289Latencies(1)).estimateUs(kAllReduce, kRing, kLL, 1 << 20),
+            CostModel(nodeWithSockets, nccl2289Latencies(1)).estimateUs(kAllReduce, kRing, kLL, 1 << 20));
+}
+
 TEST(Tuner, LeavesTheTableAloneWhenAUsableEntryIsOutsideTheModel) {
   Tuner tuner(1, CostModel(topology(8, 1), ncclLikeLatencies()), TunerSettings{});
   Table table({kTree, kRing, kNvls});
