@@ -17,7 +17,8 @@
 # and a device call ends at 600 s) so that a hang still leaves its logs and the later steps run;
 # UNIFAB_SANITIZE_LIMIT_S bounds each compute-sanitizer run (default 150 s), UNIFAB_SANITIZE_TESTS
 # picks the EP tests it runs under (default: ht ll). nccltests needs
-# nccl-tests v2.19.6 in NCCL_TESTS_SRC (default: .nccl-tests-src, an ignored folder to `carry`).
+# nccl-tests v2.19.6 in NCCL_TESTS_SRC (default: .nccl-tests-src, an ignored folder to `carry`),
+# as does ntcompare (UNIFAB_NTCOMPARE_REPS, UNIFAB_NTCOMPARE_TESTS: see the step).
 # The machines are shared virtual machines whose loopback TCP speed changes from minute to
 # minute, so every comparison runs its contenders interleaved, several times, and reports the
 # median over the repetitions.
