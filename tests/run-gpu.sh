@@ -18,7 +18,7 @@
 # UNIFAB_SANITIZE_LIMIT_S bounds each compute-sanitizer run (default 150 s), UNIFAB_SANITIZE_TESTS
 # picks the EP tests it runs under (default: ht ll). nccltests needs
 # nccl-tests v2.19.6 in NCCL_TESTS_SRC (default: .nccl-tests-src, an ignored folder to `carry`),
-# as does ntcompare (UNIFAB_NTCOMPARE_REPS, UNIFAB_NTCOMPARE_TESTS: see the step).
+# as does ntcompare (UNIFAB_NTCOMPARE_REPS, UNIFAB_NTCOMPARE_HOST_REPS, UNIFAB_NTCOMPARE_TESTS: see the step).
 # The machines are shared virtual machines whose loopback TCP speed changes from minute to
 # minute, so every comparison runs its contenders interleaved, several times, and reports the
 # median over the repetitions.
@@ -234,7 +234,8 @@ for step in $steps; do
     ;;
   ntcompare)
     # nccl-tests against unifab-bench on the same shapes, interleaved, UNIFAB_NTCOMPARE_REPS times
-    # (default 5): each repetition runs every test once in each tool, a process (pair) each.
+    # (UNIFAB_NTCOMPARE_HOST_REPS for the host-bound rows): each repetition runs every test once in
+    # each tool, a process (pair) each.
     # nccl-tests times each size 5 times (-N 5), each the slowest rank's (-a 3, as unifab-bench
     # reduces); unifab-bench's back-to-back time is the median of 5 runs of as many calls as
     # nccl-tests' -n. Calls whose time is the host's or a hand-over's (PP up to 4 MiB, Engram's
@@ -242,14 +243,17 @@ for step in $steps; do
     # those rows take 200 calls a run on both sides, and Engram's copy engine 100 warm-up fetches in
     # nccl-tests (its first ~100 ms of fetches ran up to 2x slower in every process). Whole
     # processes also land in a slow mode (Engram's 64 KiB fetch: 540-600 us in some, ~1000 in
-    # others, on both sides alike), so tests/bench/nccltests_compare.py checks the 5 % on each
-    # tool's fastest repetition and prints the medians next to it.
+    # others, on both sides alike), so tests/bench/nccltests_compare.py checks the 5 % on the
+    # medians over many repetitions and prints each tool's fastest next to them.
     nccl_tests_setup || continue
+    # 5 repetitions for the GPU-bound rows, 10 for the host-bound ones (PP up to 4 MiB, Engram's
+    # copy engine), whose medians need them (docs/benchmarks/nccl-tests.md); ~6 minutes in all.
     reps=${UNIFAB_NTCOMPARE_REPS:-5}
+    host_reps=${UNIFAB_NTCOMPARE_HOST_REPS:-10}
     # Across processes PP runs on the slots engine (nccl-tests' ncclMemAlloc buffers; see nccltests).
     pp_engine=rendezvous
     [ -n "$mpi_home" ] && pp_engine=slots
-    say "== nccl-tests against unifab-bench, interleaved, $reps repetitions (${launch[*]:-threads}; PP engine $pp_engine)"
+    say "== nccl-tests against unifab-bench, interleaved, $reps repetitions ($host_reps for the host-bound rows; ${launch[*]:-threads}; PP engine $pp_engine)"
     cmp_nt() {  # LABEL [NAME=VALUE]... BINARY ARGS...
       local label=$1; shift
       local envs=()
@@ -269,28 +273,28 @@ for step in $steps; do
     # the comparison then leaves out the rows not run.
     parts=" ${UNIFAB_NTCOMPARE_TESTS:-pp-short pp-long engram engram-ce moe} "
     wants() { [[ "$parts" == *" $1 "* ]]; }
-    for rep in $(seq 1 "$reps"); do
-      if wants pp-short; then
+    for rep in $(seq 1 "$(( reps > host_reps ? reps : host_reps ))"); do
+      if wants pp-short && [ "$rep" -le "$host_reps" ]; then
         cmp_nt "pp.short.rep$rep" "${pp[@]}" UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 4M -f 4 -c 0 -n 200 -w 20
         cmp_bench "pp.short.rep$rep" "${pp[@]}" pp --min 4K --max 4M --factor 4 --iters 5 --warmup 3 --b2b 200
       fi
-      if wants pp-long; then
+      if wants pp-long && [ "$rep" -le "$reps" ]; then
         cmp_nt "pp.long.rep$rep" "${pp[@]}" UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 16M -e 1G -f 4 -c 0 -n 20 -w 3
         cmp_bench "pp.long.rep$rep" "${pp[@]}" pp --min 16M --max 1G --factor 4 --iters 5 --warmup 3
       fi
-      if wants engram; then
+      if wants engram && [ "$rep" -le "$reps" ]; then
         for row in 4096 14336; do  # the gather kernel on 4 SMs, what these rows are measured on
           cmp_nt "engram-$row.rep$rep" UNIFAB_ENGRAM_ROW_BYTES=$row UNIFAB_ENGRAM_RANDOM=1 UNIFAB_ENGRAM_ENGINE=2 \
             UNIFAB_ENGRAM_SMS=4 "$b/engram_read_perf" -b 64M -e 64M -c 0 -n 20 -w 3
         done
         cmp_bench "engram.rep$rep" engram --rows 4K,14K --fetch 64M --iters 5 --warmup 3
       fi
-      if wants engram-ce; then
+      if wants engram-ce && [ "$rep" -le "$host_reps" ]; then
         cmp_nt "engram-65536.rep$rep" UNIFAB_ENGRAM_ROW_BYTES=65536 UNIFAB_ENGRAM_RANDOM=1 UNIFAB_ENGRAM_ENGINE=1 \
           "$b/engram_read_perf" -b 64M -e 64M -c 0 -n 200 -w 100
         cmp_bench "engram.ce.rep$rep" engram --rows 64K --fetch 64M --iters 5 --warmup 3 --b2b 200
       fi
-      if wants moe; then
+      if wants moe && [ "$rep" -le "$reps" ]; then
         cmp_nt "moe-dispatch-bf16.rep$rep" "$b/moe_dispatch_perf" -b 56M -e 56M -c 0 -n 20 -w 5
         cmp_nt "moe-dispatch-fp8.rep$rep" UNIFAB_EP_FP8=1 "$b/moe_dispatch_perf" -b 28M -e 28M -c 0 -n 20 -w 5
         cmp_nt "moe-combine-bf16.rep$rep" "$b/moe_combine_perf" -d bfloat16 -b 56M -e 56M -c 0 -n 20 -w 5
