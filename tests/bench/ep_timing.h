@@ -34,6 +34,31 @@ struct OpTimes {
   double ownUs = 0;  // this rank's median before the reduction (us is the slowest rank's)
 };
 
+// Starts recording on every rank or on none (the passes have barriers): false when a collective
+// fails; *started false where any rank's CUPTI refused, which leaves the measure out.
+inline bool beginOnAllRanks(test::NcclSession& session, KernelTimer& kernels, bool* started) {
+  const bool began = KernelTimer::available() && kernels.begin();
+  double refused = began ? 0.0 : 1.0;
+  if (!session.maxOverRanks(&refused)) return false;
+  *started = refused == 0;
+  if (!*started && began) {
+    std::vector<double> unused;
+    kernels.end(0, &unused);
+  }
+  return true;
+}
+
+// Stops recording and gives the spans of ids 1..ids: *complete false where any rank recorded no
+// kernel for some call, which leaves the measure out everywhere.
+inline bool endOnAllRanks(test::NcclSession& session, KernelTimer& kernels, uint64_t ids, std::vector<double>* spans,
+                          bool* complete) {
+  const bool recorded = kernels.end(ids, spans) && std::find(spans->begin(), spans->end(), 0.0) == spans->end();
+  double missing = recorded ? 0.0 : 1.0;
+  if (!session.maxOverRanks(&missing)) return false;
+  *complete = missing == 0;
+  return true;
+}
+
 // The kernel-time pass of timeOp: a few untimed calls (CUPTI's first records cost), then the same
 // flushed, aligned iterations as the event pass, each call's kernels tagged with its iteration.
 // Every rank takes part or none does (the pass has barriers).
@@ -41,14 +66,9 @@ template <typename Setup, typename Op, typename Teardown>
 bool timeKernels(test::NcclSession& session, Timer& timer, int iters, Setup setup, Op op, Teardown teardown,
                  OpTimes* times) {
   KernelTimer kernels;
-  const bool began = KernelTimer::available() && kernels.begin();
-  double refused = began ? 0.0 : 1.0;
-  if (!session.maxOverRanks(&refused)) return false;
-  if (refused > 0) {
-    std::vector<double> unused;
-    if (began) kernels.end(0, &unused);
-    return true;
-  }
+  bool started = false;
+  if (!beginOnAllRanks(session, kernels, &started)) return false;
+  if (!started) return true;
   constexpr int kUntimed = 3;
   for (int i = -kUntimed; i < iters; ++i) {
     if (!setup()) return false;
@@ -60,13 +80,10 @@ bool timeKernels(test::NcclSession& session, Timer& timer, int iters, Setup setu
     if (!ran || !teardown()) return false;
     TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
   }
-  // A call whose kernels went unrecorded on any rank leaves the measure out everywhere.
   std::vector<double> spans;
-  const bool recorded = kernels.end(static_cast<uint64_t>(iters), &spans) &&
-                        std::find(spans.begin(), spans.end(), 0.0) == spans.end();
-  double missing = recorded ? 0.0 : 1.0;
-  if (!session.maxOverRanks(&missing)) return false;
-  if (missing == 0) {
+  bool complete = false;
+  if (!endOnAllRanks(session, kernels, static_cast<uint64_t>(iters), &spans, &complete)) return false;
+  if (complete) {
     times->kernelUs = median(spans);
     times->kernelP99Us = percentile(spans, 0.99);
   }
@@ -88,14 +105,9 @@ bool timeKernelsBackToBack(test::NcclSession& session, int iters, const std::vec
                            Teardown teardown, BackToBackKernelTimes* times) {
   *times = BackToBackKernelTimes{};
   KernelTimer kernels;
-  const bool began = KernelTimer::available() && kernels.begin();
-  double refused = began ? 0.0 : 1.0;
-  if (!session.maxOverRanks(&refused)) return false;
-  if (refused > 0) {
-    std::vector<double> unused;
-    if (began) kernels.end(0, &unused);
-    return true;
-  }
+  bool started = false;
+  if (!beginOnAllRanks(session, kernels, &started)) return false;
+  if (!started) return true;
   constexpr int kUntimed = 3;
   const size_t nOps = ops.size();
   if (!session.barrier(true)) return false;
@@ -110,11 +122,9 @@ bool timeKernelsBackToBack(test::NcclSession& session, int iters, const std::vec
   }
   TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
   std::vector<double> spans;
-  const bool recorded = kernels.end(static_cast<uint64_t>(iters) * nOps, &spans) &&
-                        std::find(spans.begin(), spans.end(), 0.0) == spans.end();
-  double missing = recorded ? 0.0 : 1.0;
-  if (!session.maxOverRanks(&missing)) return false;
-  if (missing > 0) return true;
+  bool complete = false;
+  if (!endOnAllRanks(session, kernels, static_cast<uint64_t>(iters) * nOps, &spans, &complete)) return false;
+  if (!complete) return true;
   times->meanUs.assign(nOps, 0.0);
   times->medianUs.assign(nOps, 0.0);
   for (size_t k = 0; k < nOps; ++k) {

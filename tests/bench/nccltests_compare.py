@@ -49,17 +49,20 @@ def nccl_tests_times(logs, name):
     return times
 
 
-def csv_rows(path):
-    """Rows of a unifab-bench CSV whose first field (the op's name) may hold commas: (name, {column: text})."""
+def csv_rows(path, text_column=0):
+    """Rows of a unifab-bench CSV whose column `text_column` (an op's or engine's name) may hold
+    commas: (name, {every other column: text})."""
     rows = []
     with open(path) as f:
         header = f.readline().strip().split(",")
-        numeric = len(header) - 1
+        after = len(header) - text_column - 1
         for line in f:
             parts = line.strip().split(",")
             if len(parts) < len(header):
                 continue
-            rows.append((",".join(parts[:len(parts) - numeric]), dict(zip(header[1:], parts[len(parts) - numeric:]))))
+            fields = dict(zip(header[:text_column], parts[:text_column]))
+            fields.update(zip(header[text_column + 1:], parts[len(parts) - after:]))
+            rows.append((",".join(parts[text_column:len(parts) - after]), fields))
     return rows
 
 
@@ -81,21 +84,9 @@ def ep_b2b(op, tokens=None):
 
 
 def engram_b2b(row_bytes, engine, sms):
-    # row_bytes,engine,...: the engine's name, second, may hold commas.
     def pick(path):
-        out = []
-        with open(path) as f:
-            header = f.readline().strip().split(",")
-            numeric = len(header) - 2
-            for line in f:
-                parts = line.strip().split(",")
-                if len(parts) < len(header):
-                    continue
-                numbers = dict(zip(header[2:], parts[len(parts) - numeric:]))
-                if int(parts[0]) == row_bytes and ",".join(parts[1:len(parts) - numeric]) == engine and \
-                        int(numbers["sms"]) == sms:
-                    out.append(float(numbers["b2b_us"]))
-        return out
+        return [float(fields["b2b_us"]) for name, fields in csv_rows(path, text_column=1)
+                if int(fields["row_bytes"]) == row_bytes and name == engine and int(fields["sms"]) == sms]
     return pick
 
 
