@@ -12,7 +12,8 @@
 # UNIFAB_TUNESWEEP_SIZES the sizes, e.g. "--min 8 --max 256M --factor 8");
 # UNIFAB_TRACE_DTYPES / UNIFAB_TRACE_OPS limit the trace step (default: bf16 fp8 x empty cached dispatch combine);
 # ab measures the working tree against itself with UNIFAB_AB_PATCH (default ab.patch; or several
-# NAME=FILE baselines) reversed, interleaved (UNIFAB_AB_ARGS, UNIFAB_AB_DTYPES, UNIFAB_AB_REPS);
+# NAME=FILE baselines) reversed, interleaved (UNIFAB_AB_ARGS, UNIFAB_AB_DTYPES, UNIFAB_AB_REPS,
+# UNIFAB_AB_COLUMNS);
 # UNIFAB_GPU_TESTS_LIMIT_S bounds the whole tests step (default 360 s: the 28 tests take ~170 s,
 # and a device call ends at 600 s) so that a hang still leaves its logs and the later steps run;
 # UNIFAB_SANITIZE_LIMIT_S bounds each compute-sanitizer run (default 150 s), UNIFAB_SANITIZE_TESTS
