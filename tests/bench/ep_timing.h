@@ -1,7 +1,7 @@
 // How unifab-bench ep times an operation: CUDA events around one call after an L2 flush and a
 // barrier (every rank starts together), the median and 99th percentile over the iterations, the
-// time per call of calls issued back to back (median of kBackToBackRuns runs of backToBackCalls()), and the host time
-// inside one call; each reduced to the slowest rank. With Timer::kernelsOnly, timeOp instead records
+// time per call of calls issued back to back (median of kBackToBackRuns runs of backToBackCalls()
+// calls), and the host time inside one call; each reduced to the slowest rank. With Timer::kernelsOnly, timeOp instead records
 // the operation's kernels with CUPTI (KernelTimer) over the same flushed, aligned iterations: their
 // GPU time alone, as profiler-based benchmarks report it. CUPTI, once on, slows every later launch
 // on the host, so a benchmark runs all its event-timed measurements first and the kernel passes
@@ -89,6 +89,7 @@ bool timeKernels(test::NcclSession& session, Timer& timer, int iters, Setup setu
   }
   return true;
 }
+
 // Kernel times of a sequence of operations (e.g. dispatch then combine) run `iters` times back
 // to back with no flush and no barrier between them, as DeepEP's bench_kineto takes its
 // low-latency numbers (its test function run 30 times in a row after one barrier; the profiler's
