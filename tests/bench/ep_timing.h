@@ -1,11 +1,11 @@
 // How unifab-bench ep times an operation: CUDA events around one call after an L2 flush and a
 // barrier (every rank starts together), the median and 99th percentile over the iterations, the
 // time per call of calls issued back to back (median of kBackToBackRuns runs of backToBackCalls()
-// calls), and the host time inside one call; each reduced to the slowest rank. With Timer::kernelsOnly, timeOp instead records
-// the operation's kernels with CUPTI (KernelTimer) over the same flushed, aligned iterations: their
-// GPU time alone, as profiler-based benchmarks report it. CUPTI, once on, slows every later launch
-// on the host, so a benchmark runs all its event-timed measurements first and the kernel passes
-// after them.
+// calls), and the host time inside one call; each reduced to the slowest rank. With
+// Timer::kernelsOnly, timeOp instead records the operation's kernels with CUPTI (KernelTimer) over
+// the same flushed, aligned iterations: their GPU time alone, as profiler-based benchmarks report
+// it. CUPTI, once on, slows every later launch on the host, so a benchmark runs all its
+// event-timed measurements first and the kernel passes after them.
 #pragma once
 
 #include <cuda_runtime.h>
