@@ -184,6 +184,9 @@ for step in $steps; do
         >"$logs/ep-ll-$dtype.txt" 2>&1 || failed=1
       tee -a "$summary" <"$logs/ep-ll-$dtype.txt"
     done
+    # The floor of one token handed over by a one-block kernel per GPU (tests/bench/message_floor.h).
+    "$bench" ep --mode ll --tokens 1 --ops floor --iters 50 --warmup 10 >"$logs/ep-ll-floor.txt" 2>&1 || failed=1
+    tee -a "$summary" <"$logs/ep-ll-floor.txt"
     ;;
   pp)
     say "== unifab-bench copy-routes: which copies stay off the SMs (the zero-SM operations depend on it)"

@@ -14,6 +14,8 @@
 
 #include "tests/bench/bench_common.h"
 #include "tests/bench/ep_timing.h"
+#include "tests/bench/message_floor.h"
+#include "tests/bench/peer_buffer.h"
 #include "tests/common/ep_device.h"
 #include "tests/common/ep_reference.h"
 #include "tests/common/nccl_session.h"
@@ -29,7 +31,7 @@ struct LlRun {
   bool fp8;
   bool kernelTimes;  // a second pass per op timing its kernels alone (CUPTI)
   std::string csv;
-  std::string ops;  // comma-separated subset of dispatch,phases,combine,pair,nccl; empty: all
+  std::string ops;  // comma-separated subset of dispatch,phases,combine,pair,nccl (empty: all), and floor
   bool wants(const char* op) const { return opSelected(ops, op); }
 };
 
@@ -75,8 +77,56 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
   // recording their kernels, after every event-timed measurement (CUPTI slows later launches), and
   // fills the rows of pass 0 in the same order.
   size_t nextRow = 0;
+  // The message floor (only when --ops names "floor"; two ranks): one FP8 token (payload and
+  // scales) and one BF16 row handed to the peer by a kernel of one block per GPU, with fenced flags
+  // or flagged lines (tests/bench/message_floor.h).
+  const bool floor = !run.ops.empty() && run.wants("floor") && env.nRanks == 2;
+  const size_t floorPayloads[2] = {static_cast<size_t>(run.hidden) + run.hidden / 128 * 4, static_cast<size_t>(run.hidden) * 2};
+  const size_t floorLanding = floorLandingBytes(floorPayloads[1]);
+  PeerBuffer floorArea;  // [lines landing | fenced landing | flags]
+  char* floorOut = nullptr;
+  int* floorTimedOut = nullptr;
+  uint64_t floorEpoch = 0;
+  if (floor) {
+    if (!floorArea.open(session, 2 * floorLanding + sizeof(uint64_t) * kFloorWarps)) return false;
+    TEST_CUDA_CHECK(cudaMemset(floorArea.local(), 0, 2 * floorLanding + sizeof(uint64_t) * kFloorWarps));
+    TEST_CUDA_CHECK(cudaMalloc(&floorOut, floorLanding));
+    TEST_CUDA_CHECK(cudaMalloc(&floorTimedOut, sizeof(int)));
+    TEST_CUDA_CHECK(cudaMemset(floorTimedOut, 0, sizeof(int)));
+    if (!session.barrier(true)) return false;
+  }
   for (int pass = 0; pass < (run.kernelTimes ? 2 : 1); ++pass) {
     timer.kernelsOnly = pass == 1;
+    for (int which = 0; floor && which < 4; ++which) {
+      const bool lines = which % 2 == 1;
+      const size_t payload = floorPayloads[which / 2];
+      char* peer = floorArea.peer(1 - env.rank);
+      const size_t landingAt = lines ? 0 : floorLanding;
+      auto send = [&] {
+        return launchMessageFloor(static_cast<const char*>(device.x), peer + landingAt,
+                                  reinterpret_cast<uint64_t*>(peer + 2 * floorLanding), floorArea.local() + landingAt,
+                                  reinterpret_cast<const uint64_t*>(floorArea.local() + 2 * floorLanding), floorOut,
+                                  payload, ++floorEpoch, lines, uint64_t{1000000000}, floorTimedOut,
+                                  session.stream()) == cudaSuccess;
+      };
+      OpTimes t;
+      if (!timeOp(session, timer, run.iters, run.warmup, send, &t)) return false;
+      int timedOut = 0;
+      TEST_CUDA_CHECK(cudaMemcpy(&timedOut, floorTimedOut, sizeof(int), cudaMemcpyDeviceToHost));
+      if (timedOut != 0) {
+        fprintf(stderr, "rank %d: the message floor's kernel timed out waiting for the peer's message\n", env.rank);
+        return false;
+      }
+      const char* names[4] = {"floor: FP8 token, fenced flags", "floor: FP8 token, flagged lines",
+                              "floor: BF16 row, fenced flags", "floor: BF16 row, flagged lines"};
+      if (pass == 0) {
+        rows.push_back({names[which], 1, t, 0});
+      } else if (nextRow < rows.size()) {
+        rows[nextRow].t.kernelUs = t.kernelUs;
+        rows[nextRow].t.kernelP99Us = t.kernelP99Us;
+        ++nextRow;
+      }
+    }
     for (int tokens : run.tokens) {
       unifabEpLowLatencyDispatchArgs_t args = UNIFAB_EP_LL_DISPATCH_ARGS_INIT;
       args.numTokens = tokens;
@@ -251,6 +301,8 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
   }
   cudaFree(expertOut);
   cudaFree(combined);
+  cudaFree(floorOut);
+  cudaFree(floorTimedOut);
   TEST_UNIFAB_CHECK(unifabEpDestroy(group));
   return true;
 }
