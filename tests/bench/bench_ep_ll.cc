@@ -83,38 +83,47 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
   const bool floor = !run.ops.empty() && run.wants("floor") && env.nRanks == 2;
   const size_t floorPayloads[2] = {static_cast<size_t>(run.hidden) + run.hidden / 128 * 4, static_cast<size_t>(run.hidden) * 2};
   const size_t floorLanding = floorLandingBytes(floorPayloads[1]);
-  PeerBuffer floorArea;  // [lines landing | fenced landing | flags]
+  // Two areas, [lines landing | fenced landing | flags] each, taken by the launch's epoch parity: a
+  // rank's kernel ends once it has the peer's message, possibly before the peer has read its own,
+  // so the next launch (one at most: the one after needs the peer's next) writes the other area.
+  const size_t floorArea = (2 * floorLanding + sizeof(uint64_t) * kFloorWarps + 255) / 256 * 256;  // lines: 128-aligned
+  PeerBuffer floorAreas;
   char* floorOut = nullptr;
   int* floorTimedOut = nullptr;
   uint64_t floorEpoch = 0;
   if (floor) {
-    if (!floorArea.open(session, 2 * floorLanding + sizeof(uint64_t) * kFloorWarps)) return false;
-    TEST_CUDA_CHECK(cudaMemset(floorArea.local(), 0, 2 * floorLanding + sizeof(uint64_t) * kFloorWarps));
+    if (!floorAreas.open(session, 2 * floorArea)) return false;
+    TEST_CUDA_CHECK(cudaMemsetAsync(floorAreas.local(), 0, 2 * floorArea, session.stream()));
     TEST_CUDA_CHECK(cudaMalloc(&floorOut, floorLanding));
     TEST_CUDA_CHECK(cudaMalloc(&floorTimedOut, sizeof(int)));
-    TEST_CUDA_CHECK(cudaMemset(floorTimedOut, 0, sizeof(int)));
-    if (!session.barrier(true)) return false;
+    TEST_CUDA_CHECK(cudaMemsetAsync(floorTimedOut, 0, sizeof(int), session.stream()));
+    TEST_CUDA_CHECK(cudaStreamSynchronize(session.stream()));
+    if (!session.barrier(true)) return false;  // both ranks' areas zeroed before either writes
   }
   for (int pass = 0; pass < (run.kernelTimes ? 2 : 1); ++pass) {
     timer.kernelsOnly = pass == 1;
     for (int which = 0; floor && which < 4; ++which) {
       const bool lines = which % 2 == 1;
       const size_t payload = floorPayloads[which / 2];
-      char* peer = floorArea.peer(1 - env.rank);
-      const size_t landingAt = lines ? 0 : floorLanding;
       auto send = [&] {
+        const uint64_t epoch = ++floorEpoch;
+        const size_t area = (epoch & 1) * floorArea, landingAt = area + (lines ? 0 : floorLanding);
+        const size_t flagsAt = area + 2 * floorLanding;
+        char* peer = floorAreas.peer(1 - env.rank);
         return launchMessageFloor(static_cast<const char*>(device.x), peer + landingAt,
-                                  reinterpret_cast<uint64_t*>(peer + 2 * floorLanding), floorArea.local() + landingAt,
-                                  reinterpret_cast<const uint64_t*>(floorArea.local() + 2 * floorLanding), floorOut,
-                                  payload, ++floorEpoch, lines, uint64_t{1000000000}, floorTimedOut,
-                                  session.stream()) == cudaSuccess;
+                                  reinterpret_cast<uint64_t*>(peer + flagsAt), floorAreas.local() + landingAt,
+                                  reinterpret_cast<const uint64_t*>(floorAreas.local() + flagsAt), floorOut, payload,
+                                  epoch, lines, uint64_t{1000000000}, floorTimedOut, session.stream()) == cudaSuccess;
       };
       OpTimes t;
       if (!timeOp(session, timer, run.iters, run.warmup, send, &t)) return false;
       int timedOut = 0;
       TEST_CUDA_CHECK(cudaMemcpy(&timedOut, floorTimedOut, sizeof(int), cudaMemcpyDeviceToHost));
-      if (timedOut != 0) {
-        fprintf(stderr, "rank %d: the message floor's kernel timed out waiting for the peer's message\n", env.rank);
+      double anyTimedOut = timedOut;
+      if (!session.maxOverRanks(&anyTimedOut)) return false;
+      if (anyTimedOut != 0) {
+        fprintf(stderr, "rank %d: the message floor's kernel timed out waiting for the peer's message%s\n", env.rank,
+                timedOut != 0 ? "" : " (on the other rank)");
         return false;
       }
       const char* names[4] = {"floor: FP8 token, fenced flags", "floor: FP8 token, flagged lines",

@@ -8,14 +8,23 @@
 namespace unifab::bench {
 namespace {
 
+using unifab::kernels::kFlagPiece;
 using unifab::kernels::kLineBytes;
 using unifab::kernels::kLinePayloadBytes;
 using unifab::kernels::kLinesPerGroup;
-using unifab::kernels::kFlagPiece;
 
 constexpr int kWarp = 32;
+// 16-byte vectors (fenced) or line groups (lines) a lane holds at once: every load of a round is
+// in flight before the first store, as the operations' kernels do (4 covers a 14336-byte row).
+constexpr int kInFlight = 4;
 
 __device__ __forceinline__ uint64_t now() { return unifab::kernels::globalTimerNs(); }
+
+// Whether the wait that began at `start` has lasted past `timeoutNs`: lane 0 decides for the warp,
+// so that every lane leaves a loop of full-warp shuffles together.
+__device__ __forceinline__ bool expired(uint64_t start, uint64_t timeoutNs, int lane) {
+  return __shfl_sync(0xffffffff, static_cast<int>(lane == 0 && now() - start > timeoutNs), 0) != 0;
+}
 
 // Bytes [begin, end) of the payload for warp w of kFloorWarps, in 16-byte vectors.
 __device__ __forceinline__ void partOf(size_t bytes, int w, size_t* begin, size_t* end) {
@@ -24,9 +33,31 @@ __device__ __forceinline__ void partOf(size_t bytes, int w, size_t* begin, size_
   *end = min(vectors, per * (w + 1)) * 16;
 }
 
+// Copies [begin, end) of `from` to `to`, kInFlight vectors per lane loaded before any is stored.
+__device__ __forceinline__ void copyPart(const char* __restrict__ from, char* __restrict__ to, size_t begin, size_t end,
+                                         int lane, bool bypassL1) {
+  for (size_t round = begin; round < end; round += size_t{16} * kWarp * kInFlight) {
+    int4 v[kInFlight];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const size_t at = round + (static_cast<size_t>(i) * kWarp + lane) * 16;
+      if (at < end) {
+        const int4* src = reinterpret_cast<const int4*>(from + at);
+        v[i] = bypassL1 ? __ldcv(src) : *src;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const size_t at = round + (static_cast<size_t>(i) * kWarp + lane) * 16;
+      if (at < end) *reinterpret_cast<int4*>(to + at) = v[i];
+    }
+  }
+}
+
 __global__ void __launch_bounds__(2 * kFloorWarps * kWarp) messageFloorKernel(
-    const char* source, char* peerLanding, uint64_t* peerFlags, const char* landing, const uint64_t* flags, char* out,
-    size_t payloadBytes, uint64_t epoch, bool lines, uint64_t timeoutNs, int* timedOut) {
+    const char* __restrict__ source, char* __restrict__ peerLanding, uint64_t* peerFlags,
+    const char* __restrict__ landing, const uint64_t* flags, char* __restrict__ out, size_t payloadBytes,
+    uint64_t epoch, bool lines, uint64_t timeoutNs, int* timedOut) {
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const bool sender = warp < kFloorWarps;
   const int w = sender ? warp : warp - kFloorWarps;
@@ -35,9 +66,7 @@ __global__ void __launch_bounds__(2 * kFloorWarps * kWarp) messageFloorKernel(
     size_t begin, end;
     partOf(payloadBytes, w, &begin, &end);
     if (sender) {
-      for (size_t at = begin + 16 * lane; at < end; at += 16 * kWarp) {
-        *reinterpret_cast<int4*>(peerLanding + at) = *reinterpret_cast<const int4*>(source + at);
-      }
+      copyPart(source, peerLanding, begin, end, lane, false);
       __syncwarp();
       if (lane == 0) {
         unifab::kernels::fenceAcqRelSystem();
@@ -45,59 +74,81 @@ __global__ void __launch_bounds__(2 * kFloorWarps * kWarp) messageFloorKernel(
       }
       return;
     }
-    bool arrived = true;
-    if (lane == 0) {
-      while (unifab::kernels::loadAcquire(flags + w) != epoch) {
-        if (now() - start > timeoutNs) {
-          arrived = false;
-          atomicExch(timedOut, 1);
-          break;
-        }
-      }
-    }
-    if (__shfl_sync(0xffffffff, static_cast<int>(arrived), 0) == 0) return;
-    __syncwarp();
-    for (size_t at = begin + 16 * lane; at < end; at += 16 * kWarp) {
-      *reinterpret_cast<int4*>(out + at) = __ldcv(reinterpret_cast<const int4*>(landing + at));
-    }
-    return;
-  }
-  // Flagged lines: warp w moves lines [first, last), four per instruction (lane l: piece l % 8 of
-  // line first + 4 g + l / 8).
-  const int totalLines = static_cast<int>((payloadBytes + kLinePayloadBytes - 1) / kLinePayloadBytes);
-  const int per = (totalLines + kFloorWarps - 1) / kFloorWarps;
-  const int first = min(totalLines, per * w), last = min(totalLines, per * (w + 1));
-  const int piece = lane % 8;
-  for (int base = first; base < last; base += kLinesPerGroup) {
-    const int line = base + lane / 8;
-    const bool mine = line < last;
-    const size_t payloadAt = static_cast<size_t>(line) * kLinePayloadBytes + piece * 16;
-    if (sender) {
-      uint64_t lo = 0, hi = piece == kFlagPiece ? epoch : 0;
-      if (mine && piece != kFlagPiece && payloadAt < payloadBytes) {
-        const uint64_t* at = reinterpret_cast<const uint64_t*>(source + payloadAt);
-        lo = at[0];
-        hi = at[1];
-      }
-      if (mine) unifab::kernels::storeLinePiece(peerLanding + static_cast<size_t>(line) * kLineBytes + piece * 16, lo, hi);
-      continue;
-    }
-    uint64_t lo = 0, hi = 0;
-    for (;;) {
-      if (mine) unifab::kernels::loadLinePiece(landing + static_cast<size_t>(line) * kLineBytes + piece * 16, lo, hi);
-      // Every lane learns whether its line's flag piece carries the epoch.
-      const bool flagOk = !mine || piece != kFlagPiece || hi == epoch;
-      const bool lineOk = __shfl_sync(0xffffffff, static_cast<int>(flagOk), (lane & ~7) | kFlagPiece) != 0;
-      if (__all_sync(0xffffffff, lineOk)) break;
-      if (now() - start > timeoutNs) {
+    while (__shfl_sync(0xffffffff, static_cast<int>(lane == 0 && unifab::kernels::loadAcquire(flags + w) == epoch), 0) == 0) {
+      if (expired(start, timeoutNs, lane)) {
         if (lane == 0) atomicExch(timedOut, 1);
         return;
       }
     }
-    if (mine && piece != kFlagPiece && payloadAt < payloadBytes) {
-      uint64_t* to = reinterpret_cast<uint64_t*>(out + payloadAt);
-      to[0] = lo;
-      to[1] = hi;
+    __syncwarp();  // lane 0's acquire orders the whole warp's reads below
+    copyPart(landing, out, begin, end, lane, true);
+    return;
+  }
+  // Flagged lines: warp w moves lines [first, last), kLinesPerGroup per instruction (lane l: piece
+  // l % 8 of line first + 4 g + l / 8), kInFlight groups a round.
+  const int totalLines = static_cast<int>((payloadBytes + kLinePayloadBytes - 1) / kLinePayloadBytes);
+  const int per = (totalLines + kFloorWarps - 1) / kFloorWarps;
+  const int first = min(totalLines, per * w), last = min(totalLines, per * (w + 1));
+  const int piece = lane % 8;
+  for (int round = first; round < last; round += kLinesPerGroup * kInFlight) {
+    uint64_t lo[kInFlight], hi[kInFlight];
+    auto lineOf = [&](int g) { return round + g * kLinesPerGroup + lane / 8; };
+    auto payloadAt = [&](int g) { return static_cast<size_t>(lineOf(g)) * kLinePayloadBytes + piece * 16; };
+    if (sender) {
+#pragma unroll
+      for (int g = 0; g < kInFlight; ++g) {
+        lo[g] = 0;
+        hi[g] = piece == kFlagPiece ? epoch : 0;
+        if (lineOf(g) < last && piece != kFlagPiece && payloadAt(g) < payloadBytes) {
+          const uint64_t* at = reinterpret_cast<const uint64_t*>(source + payloadAt(g));
+          lo[g] = at[0];
+          hi[g] = at[1];
+        }
+      }
+      __syncwarp();  // the eight lanes of a line store in one instruction
+#pragma unroll
+      for (int g = 0; g < kInFlight; ++g) {
+        if (lineOf(g) < last) {
+          unifab::kernels::storeLinePiece(peerLanding + static_cast<size_t>(lineOf(g)) * kLineBytes + piece * 16, lo[g], hi[g]);
+        }
+      }
+      continue;
+    }
+    // Every group of the round loaded at once, then only the groups not yet flagged again.
+    unsigned pending = 0;
+#pragma unroll
+    for (int g = 0; g < kInFlight; ++g) {
+      lo[g] = hi[g] = 0;
+      if (round + g * kLinesPerGroup < last) pending |= 1u << g;
+    }
+    while (pending != 0) {
+      __syncwarp();  // the eight lanes of a line load in one instruction
+#pragma unroll
+      for (int g = 0; g < kInFlight; ++g) {
+        if (((pending >> g) & 1u) != 0 && lineOf(g) < last) {
+          unifab::kernels::loadLinePiece(landing + static_cast<size_t>(lineOf(g)) * kLineBytes + piece * 16, lo[g], hi[g]);
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kInFlight; ++g) {
+        if (((pending >> g) & 1u) == 0) continue;
+        // Every lane learns whether its line's flag piece carries the epoch.
+        const bool flagOk = lineOf(g) >= last || piece != kFlagPiece || hi[g] == epoch;
+        const bool lineOk = __shfl_sync(0xffffffff, static_cast<int>(flagOk), (lane & ~7) | kFlagPiece) != 0;
+        if (__all_sync(0xffffffff, lineOk)) pending &= ~(1u << g);
+      }
+      if (pending != 0 && expired(start, timeoutNs, lane)) {
+        if (lane == 0) atomicExch(timedOut, 1);
+        return;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kInFlight; ++g) {
+      if (lineOf(g) < last && piece != kFlagPiece && payloadAt(g) < payloadBytes) {
+        uint64_t* to = reinterpret_cast<uint64_t*>(out + payloadAt(g));
+        to[0] = lo[g];
+        to[1] = hi[g];
+      }
     }
   }
 }
