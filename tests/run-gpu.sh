@@ -251,7 +251,8 @@ for step in $steps; do
     # medians over many repetitions and prints each tool's fastest next to them.
     nccl_tests_setup || continue
     # 5 repetitions for the GPU-bound rows, 10 for the host-bound ones (PP up to 4 MiB, Engram's
-    # copy engine), whose medians need them (docs/benchmarks/nccl-tests.md); ~6 minutes in all.
+    # copy engine), whose medians need them (docs/benchmarks/nccl-tests.md); ~6-8 minutes in all.
+    # unifab-bench engram runs the compared engine alone (--engines).
     reps=${UNIFAB_NTCOMPARE_REPS:-5}
     host_reps=${UNIFAB_NTCOMPARE_HOST_REPS:-10}
     # Across processes PP runs on the slots engine (nccl-tests' ncclMemAlloc buffers; see nccltests).
@@ -291,12 +292,12 @@ for step in $steps; do
           cmp_nt "engram-$row.rep$rep" UNIFAB_ENGRAM_ROW_BYTES=$row UNIFAB_ENGRAM_RANDOM=1 UNIFAB_ENGRAM_ENGINE=2 \
             UNIFAB_ENGRAM_SMS=4 "$b/engram_read_perf" -b 64M -e 64M -c 0 -n 20 -w 3
         done
-        cmp_bench "engram.rep$rep" engram --rows 4K,14K --fetch 64M --iters 5 --warmup 3
+        cmp_bench "engram.rep$rep" engram --rows 4K,14K --fetch 64M --iters 5 --warmup 3 --engines gather
       fi
       if wants engram-ce && [ "$rep" -le "$host_reps" ]; then
         cmp_nt "engram-65536.rep$rep" UNIFAB_ENGRAM_ROW_BYTES=65536 UNIFAB_ENGRAM_RANDOM=1 UNIFAB_ENGRAM_ENGINE=1 \
           "$b/engram_read_perf" -b 64M -e 64M -c 0 -n 200 -w 100
-        cmp_bench "engram.ce.rep$rep" engram --rows 64K --fetch 64M --iters 5 --warmup 3 --b2b 200
+        cmp_bench "engram.ce.rep$rep" engram --rows 64K --fetch 64M --iters 5 --warmup 3 --b2b 200 --engines copy
       fi
       if wants moe && [ "$rep" -le "$reps" ]; then
         cmp_nt "moe-dispatch-bf16.rep$rep" "$b/moe_dispatch_perf" -b 56M -e 56M -c 0 -n 20 -w 5

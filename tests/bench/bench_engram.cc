@@ -29,6 +29,8 @@ struct EngramRun {
   size_t fetchBytes;  // bytes per fetch: rows = fetchBytes / row size
   int iters, warmup;
   std::string csv;
+  std::string engines;  // comma-separated subset of gather,plain,copy,raw; empty: all
+  bool wants(const char* engine) const { return opSelected(engines, engine); }
 };
 
 struct EngramRow {
@@ -120,20 +122,28 @@ bool runEngramRank(const EngramRun& run, const test::RankEnvironment& env) {
     };
     OpTimes t;
     for (int sms : {1, 2, 4}) {
-      if (!timeOp(session, timer, run.iters, run.warmup, fetch(unifabEngramSmGather, sms), &t)) return false;
-      results.push_back({rowBytes, "gather kernel", sms, rows, t.us, t.backToBackUs, t.hostUs});
-      if (!timeOp(session, timer, run.iters, run.warmup, plainGather(sms), &t)) return false;
-      results.push_back({rowBytes, "plain gather (baseline)", sms, rows, t.us, t.backToBackUs, t.hostUs});
+      if (run.wants("gather")) {
+        if (!timeOp(session, timer, run.iters, run.warmup, fetch(unifabEngramSmGather, sms), &t)) return false;
+        results.push_back({rowBytes, "gather kernel", sms, rows, t.us, t.backToBackUs, t.hostUs});
+      }
+      if (run.wants("plain")) {
+        if (!timeOp(session, timer, run.iters, run.warmup, plainGather(sms), &t)) return false;
+        results.push_back({rowBytes, "plain gather (baseline)", sms, rows, t.us, t.backToBackUs, t.hostUs});
+      }
     }
-    if (!timeOp(session, timer, run.iters, run.warmup, fetch(unifabEngramCopyEngine, 0), &t)) return false;
-    results.push_back({rowBytes, "copy engine", 0, rows, t.us, t.backToBackUs, t.hostUs});
-    if (!timeOp(session, timer, run.iters, run.warmup,
-                rawBatch(cudaMemcpySrcAccessOrderStream, cudaMemcpyFlagPreferOverlapWithCompute), &t)) {
-      return false;
+    if (run.wants("copy")) {
+      if (!timeOp(session, timer, run.iters, run.warmup, fetch(unifabEngramCopyEngine, 0), &t)) return false;
+      results.push_back({rowBytes, "copy engine", 0, rows, t.us, t.backToBackUs, t.hostUs});
     }
-    results.push_back({rowBytes, "raw batch, as Engram asks", 0, rows, t.us, t.backToBackUs, t.hostUs});
-    if (!timeOp(session, timer, run.iters, run.warmup, rawBatch(cudaMemcpySrcAccessOrderAny, 0), &t)) return false;
-    results.push_back({rowBytes, "raw batch, any order", 0, rows, t.us, t.backToBackUs, t.hostUs});
+    if (run.wants("raw")) {
+      if (!timeOp(session, timer, run.iters, run.warmup,
+                  rawBatch(cudaMemcpySrcAccessOrderStream, cudaMemcpyFlagPreferOverlapWithCompute), &t)) {
+        return false;
+      }
+      results.push_back({rowBytes, "raw batch, as Engram asks", 0, rows, t.us, t.backToBackUs, t.hostUs});
+      if (!timeOp(session, timer, run.iters, run.warmup, rawBatch(cudaMemcpySrcAccessOrderAny, 0), &t)) return false;
+      results.push_back({rowBytes, "raw batch, any order", 0, rows, t.us, t.backToBackUs, t.hostUs});
+    }
     if (unifabEngramGetAsyncError(table) != unifabSuccess) {
       fprintf(stderr, "rank %d: %s\n", env.rank, unifabGetLastError());
       return false;
@@ -181,6 +191,17 @@ int runEngram(Args& args, const char* self) {
   run.iters = atoi(args.value("--iters", "20").c_str());
   run.warmup = atoi(args.value("--warmup", "3").c_str());
   run.csv = args.value("--csv", "");
+  run.engines = args.value("--engines", "");
+  {
+    std::stringstream engines(run.engines);
+    for (std::string engine; std::getline(engines, engine, ',');) {
+      if (engine != "gather" && engine != "plain" && engine != "copy" && engine != "raw") {
+        fprintf(stderr, "unifab-bench engram: --engines is a list of gather, plain, copy, raw (got '%s')\n",
+                engine.c_str());
+        return 2;
+      }
+    }
+  }
   if (!parseBackToBack(args, "engram")) return 2;
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench engram: unknown argument '%s'\n", args.leftovers()[0].c_str());

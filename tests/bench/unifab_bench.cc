@@ -38,7 +38,7 @@ void usage() {
       "        floor (named only): one token handed to the peer by a one-block kernel per GPU, the protocol's floor\n"
       "  pp    --min BYTES --max BYTES --factor F --chunk BYTES --inflight N --iters N [--csv FILE]\n"
       "        pipeline send/recv rank 0 -> 1 (no SM), with ncclSend/ncclRecv and the copy engine\n"
-      "  engram --rows LIST --fetch BYTES --iters N [--csv FILE]\n"
+      "  engram --rows LIST --fetch BYTES --iters N [--csv FILE] [--engines gather,plain,copy,raw]\n"
       "        Engram fetches of random peer rows per engine and SM count, against a plain gather kernel\n"
       "  tune-sweep --ops LIST --channels LIST --protocols LIST --min B --max B --factor F --iters N\n"
       "        --reps N --net nvlink|unifab --force tuner|env --out DIR [--log-tuning] [--spin-us N] [--batch N (NVLink 20, else 1)]\n"
