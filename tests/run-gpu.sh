@@ -131,12 +131,18 @@ nccl_tests_setup() {
   if [ $? -ne 0 ]; then failed=1; say "nccl-tests build FAILED"; tail -20 "$logs/nccl-tests-build.log" | tee -a "$summary"; return 1; fi
   nt_ready=1
 }
+# logged OUT COMMAND ARGS...: the command's output in OUT; a failure marks the call failed and puts
+# OUT's last lines in the summary. Variables for one command go through env (under MPI after the
+# launcher: `mpirun -n 2 env NAME=VALUE BINARY`).
+logged() {
+  local out=$1; shift
+  "$@" >"$out" 2>&1 && return 0
+  failed=1; say "FAILED: $*"; tail -5 "$out" | tee -a "$summary"; return 1
+}
 ntrun() {  # LABEL [NAME=VALUE]... BINARY ARGS... (the launcher and the per-rank GPU options added)
   local label=$1; shift
-  local envs=()
-  while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
-  env "${envs[@]}" "${launch[@]}" "$@" "${per_rank[@]}" >"$logs/nt-$label.txt" 2>&1 || { failed=1; say "FAILED: nccl-tests $label"; }
-  say "-- $label: ${envs[*]} ${launch[*]} $* ${per_rank[*]}"
+  logged "$logs/nt-$label.txt" "${launch[@]}" env "$@" "${per_rank[@]}"
+  say "-- $label: ${launch[*]} $* ${per_rank[*]}"
   grep -E "^ +[0-9]+ |Out of bounds|wrong|#wrong|Avg bus" "$logs/nt-$label.txt" | tee -a "$summary"
   grep -E "failure|FAILED|error" "$logs/nt-$label.txt" | head -5 | tee -a "$summary"
 }
@@ -261,17 +267,13 @@ for step in $steps; do
     say "== nccl-tests against unifab-bench, interleaved, $reps repetitions ($host_reps for the host-bound rows; ${launch[*]:-threads}; PP engine $pp_engine)"
     cmp_nt() {  # LABEL [NAME=VALUE]... BINARY ARGS...
       local label=$1; shift
-      local envs=()
-      while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
-      env "${envs[@]}" "${launch[@]}" "$@" -N 5 -a 3 "${per_rank[@]}" >"$logs/nt-cmp-$label.txt" 2>&1 ||
-        { failed=1; say "FAILED: nccl-tests $label: ${envs[*]} $*"; tail -5 "$logs/nt-cmp-$label.txt" | tee -a "$summary"; }
+      logged "$logs/nt-cmp-$label.txt" "${launch[@]}" env "$@" -N 5 -a 3 "${per_rank[@]}"
     }
-    cmp_bench() {  # LABEL [NAME=VALUE]... unifab-bench ARGS...
+    cmp_bench() {  # LABEL [NAME=VALUE]... SUBCOMMAND ARGS... (of unifab-bench)
       local label=$1; shift
       local envs=()
       while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
-      env "${envs[@]}" "$bench" "$@" --csv "$logs/cmp-$label.csv" >"$logs/cmp-$label.txt" 2>&1 ||
-        { failed=1; say "FAILED: unifab-bench $label: ${envs[*]} $*"; tail -5 "$logs/cmp-$label.txt" | tee -a "$summary"; }
+      logged "$logs/cmp-$label.txt" env "${envs[@]}" "$bench" "$@" --csv "$logs/cmp-$label.csv"
     }
     pp=(UNIFAB_PP_ENGINE=$pp_engine)
     # UNIFAB_NTCOMPARE_TESTS: a subset of "pp-short pp-long engram engram-ce moe" (default all);
