@@ -52,7 +52,8 @@ Result unifabEpGroup::planLowLatencyLayout(const unifabEpConfig_t& config, int n
   L.setBytes = set.used();
 
   unifab::collectives::ep::Carver window(nullptr);
-  L.consumed = window.reserve(sizeof(uint64_t) * kep::kLlSets * 2 * nRanks);
+  L.released = window.reserve(sizeof(uint64_t) * kep::kLlSets *
+                              (static_cast<size_t>(nRanks) * tokens + tokens * kep::llCombineParts(config.hidden)));
   L.setBase = window.reserve(L.setBytes * kep::kLlSets);
   L.total = window.used();
   *layout = L;

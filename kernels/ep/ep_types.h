@@ -166,14 +166,14 @@ enum TracePoint : int {
   kTraceLlDispatchSent,       // each sending warp: its last tags written
   kTraceLlDispatchTagsIn,     // each receiving warp: a message's part tags all in (its first message)
   kTraceLlDispatchReceived,   // each receiving warp: its last message copied
-  kTraceLlDispatchEnd,        // last block: the set released to its senders
+  kTraceLlDispatchEnd,        // not recorded: slots are released warp by warp (no last block)
   kTraceLlCombineStarted,
   kTraceLlCombineLoaded,      // each sending warp: its first item's expert rows summed
   kTraceLlCombineStored,      // each sending warp: its first part's lines stored
   kTraceLlCombineSent,        // each sending warp: its last part's lines stored
   kTraceLlCombineLinesIn,     // each receiving warp: its first token's first partials all in
   kTraceLlCombineReceived,
-  kTraceLlCombineEnd,
+  kTraceLlCombineEnd,         // not recorded, as kTraceLlDispatchEnd
   kTracePoints
 };
 constexpr int kTraceCalls = 256;

@@ -119,12 +119,6 @@ __device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, uin
   }
 }
 
-__device__ __forceinline__ void traceEnd(const LlView& g, TracePoint point, uint64_t epoch) {
-  if (g.trace == nullptr || threadIdx.x != 0) return;
-  const uint64_t start = *reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart);
-  traceRecord(g.trace, point, epoch, globalTimerNs() - start);
-}
-
 // Thread 0 of every block after blockStarted, off the critical path: the last block to get there
 // records the send phase's epoch for the next call (no block of this call reads the counters again).
 __device__ __forceinline__ void sendCounted(const LlView& g, LlOpCounters* c, int set, uint64_t epoch) {
@@ -137,13 +131,63 @@ __device__ __forceinline__ void sendCounted(const LlView& g, LlOpCounters* c, in
   }
 }
 
-// Lane d < nRanks (d < 32; more ranks are read when waited for): rank d's word saying up to which
-// send it has read `set` for `op` (0 dispatch, 1 combine). Loaded with the warp's first inputs.
-__device__ __forceinline__ const uint64_t* consumedWords(const LlView& g, int set, int op) {
-  return reinterpret_cast<const uint64_t*>(at(g, g.rank, g.layout.consumed)) + (static_cast<size_t>(set) * 2 + op) * g.nRanks;
+// The same for the receive phase, at its start: the last block to get there records its epoch for
+// the next call. The slots are released one by one as they are read (releaseSlot), so no block
+// waits at the end for the others. Lane 0 of the block's last warp, a receiving warp (they wait
+// long for their first data), leaves the sending warps alone.
+__device__ __forceinline__ void receiveCounted(const LlView& g, LlOpCounters* c, uint64_t epoch) {
+  if (threadIdx.x != kThreads - kWarp) return;
+  __threadfence();
+  if (atomicAdd(&g.counters->finished[1], 1u) == gridDim.x - 1) {
+    g.counters->finished[1] = 0;
+    c->receive = epoch;
+  }
 }
-__device__ __forceinline__ uint64_t loadConsumed(const LlView& g, int set, int op, int lane) {
-  return lane < g.nRanks ? loadRelaxed(consumedWords(g, set, op) + lane) : ~0ULL;
+
+// Release words (LlLayout::released) in rank `rank`'s window: dispatch slot (source, t) of `set`,
+// and combine part p of token t of `set`. The receiver stores them into its own memory once it has
+// read the slot; a sender reads them across NVLink before it writes into the slot again.
+__device__ __forceinline__ uint64_t* dispatchReleased(const LlView& g, int rank, int set, int source, int t) {
+  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.released)) +
+         (static_cast<size_t>(set) * g.nRanks + source) * g.maxTokens + t;
+}
+__device__ __forceinline__ uint64_t* combineReleased(const LlView& g, int rank, int set, int t, int p) {
+  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.released)) + static_cast<size_t>(kLlSets) * g.nRanks * g.maxTokens +
+         (static_cast<size_t>(set) * g.maxTokens + t) * llCombineParts(g.hidden) + p;
+}
+
+// Until `word` says its slot's reader has finished the call `lastUse` (`seen`: the word as loaded
+// earlier, usually already enough).
+__device__ __forceinline__ bool released(const LlView& g, const uint64_t* word, uint64_t lastUse, uint64_t seen) {
+  return seen >= lastUse || waitUntil<false>(g, [&] { return loadRelaxed(word) >= lastUse; });
+}
+
+// The receiving warp's word for a slot it has read: every lane's loads of the slot have returned
+// (their values were used), so lane 0 tells the slot's senders, in this GPU's memory.
+__device__ __forceinline__ void releaseSlot(uint64_t* word, uint64_t epoch, int lane) {
+  __syncwarp();
+  if (lane == 0) storeRelaxed(word, epoch);
+}
+
+// The release words a dispatch send warp needs first, loaded with its first inputs: lane d <
+// nRanks, rank d's word for slot (this rank, token `t`) of its first item (`partSeen`), and lane
+// i, the lowest over the ranks of the words for slot (this rank, 32 c + i) of its first bitmap
+// word c (`bitsSeen`; groups of more than 8 ranks are read when waited for).
+constexpr int kPreloadRanks = 8;
+__device__ __forceinline__ uint64_t loadPartReleased(const LlView& g, int set, int t, int lane) {
+  return lane < g.nRanks ? loadRelaxed(dispatchReleased(g, lane, set, g.rank, t)) : ~0ULL;
+}
+__device__ __forceinline__ uint64_t loadBitsReleased(const LlView& g, int set, int c, int lane) {
+  const int t = c * kWarp + lane;
+  if (t >= g.maxTokens) return ~0ULL;
+  if (g.nRanks > kPreloadRanks) return 0;
+  uint64_t word[kPreloadRanks];
+#pragma unroll
+  for (int d = 0; d < kPreloadRanks; ++d) word[d] = d < g.nRanks ? loadRelaxed(dispatchReleased(g, d, set, g.rank, t)) : ~0ULL;
+  uint64_t lowest = ~0ULL;
+#pragma unroll
+  for (int d = 0; d < kPreloadRanks; ++d) lowest = min(lowest, word[d]);
+  return lowest;
 }
 
 __device__ __forceinline__ char* messageAt(const LlView& g, int rank, int set, int source, int token) {
@@ -220,27 +264,6 @@ __device__ __forceinline__ uint2 toFp8x8(const float* v, float inverse) {
   return make_uint2(word[0], word[1]);
 }
 
-// Lanes of a warp, one per rank: until every rank has finished reading what this rank last wrote
-// into `set` for `op`. Per warp, just before its first write into a peer's set; `seen` is the
-// lane's word as loadConsumed found it, usually already enough. The same answer in every lane.
-__device__ bool warpSetFree(const LlView& g, int set, int op, uint64_t lastUse, int lane, uint64_t seen) {
-  bool ok = true;
-  const uint64_t* consumed = consumedWords(g, set, op);
-  for (int d = lane; d < g.nRanks && ok; d += kWarp) {
-    if (d == lane && seen >= lastUse) continue;
-    ok = waitUntil<false>(g, [&] { return loadRelaxed(consumed + d) >= lastUse; });
-  }
-  return warpAll(ok);
-}
-
-// Tells every rank that this rank has read all it was sent in `set` for `op` up to `epoch`.
-__device__ void releaseSet(const LlView& g, int set, int op, uint64_t epoch) {
-  for (int d = threadIdx.x; d < g.nRanks; d += blockDim.x) {
-    uint64_t* consumed = reinterpret_cast<uint64_t*>(at(g, d, g.layout.consumed)) + (static_cast<size_t>(set) * 2 + op) * g.nRanks;
-    storeRelaxed(consumed + g.rank, epoch);
-  }
-}
-
 // ---- dispatch ---------------------------------------------------------------------------------
 
 // A warp's inputs for one message part (item = token * parts + part): the part's BF16 values, and
@@ -265,16 +288,29 @@ __device__ __forceinline__ void loadPart(const LlView& g, const LlDispatchInput&
   part.weight = lane < g.topk && in.topkWeights != nullptr ? in.topkWeights[static_cast<size_t>(t) * g.topk + lane] : 1.0f;
 }
 
-// The send phase of the warp `warp` of `warps`. `consumedSeen` (loadConsumed), `bitmapMask` (its
-// lane's tokenRankMask if warp < bitWords) and `part` (its first item's loadPart) were loaded with
-// the epochs.
+// The send phase of the warp `warp` of `warps`. `partSeen` and `bitsSeen` (loadPartReleased,
+// loadBitsReleased), `bitmapMask` (its lane's tokenRankMask if warp < bitWords) and `part` (its
+// first item's loadPart) were loaded with the epochs.
 __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set, const LlEpochs& e, int warp, int warps,
-                             uint64_t consumedSeen, uint64_t bitmapMask, PartInput& part, LlWarpStamps& stamps) {
+                             uint64_t partSeen, uint64_t bitsSeen, uint64_t bitmapMask, PartInput& part,
+                             LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
-  bool setFree = false;
-  auto mayWrite = [&] {
-    if (!setFree) setFree = warpSetFree(g, set, 0, e.lastUse, lane, consumedSeen);
-    return setFree;
+  // Bitmap word c goes to every rank: slots 32 c .. 32 c + 31 of this rank, read by every rank.
+  auto bitsFree = [&](int c, uint64_t seen) {
+    const int t = c * kWarp + lane;
+    bool ok = true;
+    for (int d = 0; d < g.nRanks && ok && t < g.maxTokens; ++d) {
+      ok = released(g, dispatchReleased(g, d, set, g.rank, t), e.lastUse, seen);
+    }
+    return warpAll(ok);
+  };
+  // Token t's message goes to the ranks in `ranks`: lane d waits for rank d's slot (this rank, t).
+  auto slotFree = [&](int t, uint64_t ranks, uint64_t seen) {
+    bool ok = true;
+    for (int d = lane; d < g.nRanks && ok; d += kWarp) {
+      if (((ranks >> d) & 1ULL) != 0) ok = released(g, dispatchReleased(g, d, set, g.rank, t), e.lastUse, d == lane ? seen : 0);
+    }
+    return warpAll(ok);
   };
   const LlSetLocal& local = g.sets[set];
   const size_t bitsOffset = setOffset(g, set) + g.layout.tokenBits;
@@ -283,9 +319,11 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   // that a receiver need not know how many tokens this rank has).
   for (int c = warp; c < g.layout.bitWords; c += warps) {
     const int t = c * kWarp + lane;
+    // A later word's release words are loaded with its token's entries.
+    const uint64_t seen = c == warp ? bitsSeen : loadBitsReleased(g, set, c, lane);
     const uint64_t mask = c == warp ? bitmapMask : tokenRankMask(g, in, t);
     if (t < g.maxTokens) local.tokenRanks[t] = mask;
-    if (!mayWrite()) return;
+    if (!bitsFree(c, seen)) return;
     for (int d = 0; d < g.nRanks; ++d) {
       const unsigned bits = __ballot_sync(0xffffffff, (mask >> d) & 1ULL);
       if (lane == d % kWarp) {
@@ -311,8 +349,10 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     }
   };
   for (int item = warp; item < in.numTokens * parts; item += warps) {
-    if (item != warp) loadPart(g, in, item, lane, part);
     const int t = item / parts, p = item % parts;
+    // A later item's release words are loaded with its inputs, in one round trip.
+    const uint64_t seen = item == warp ? partSeen : loadPartReleased(g, set, t, lane);
+    if (item != warp) loadPart(g, in, item, lane, part);
     const int first = p * kLlPartValues;
     const int partValues = min(kLlPartValues, g.hidden - first);
     const int id = validExpert(g, part.id, lane);
@@ -342,7 +382,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
       }
     }
     if (stamps.loaded == 0) stamps.loaded = traceNowAfter(g, in.fp8 ? quantized[0].x : part.raw[0].x + part.raw[0].w);
-    if (!mayWrite()) return;
+    if (!slotFree(t, ranks, seen)) return;
     for (uint64_t m = ranks; m != 0; m &= m - 1) {
       const int d = __ffsll(static_cast<long long>(m)) - 1;
       char* msg = messageAt(g, d, set, g.rank, t);
@@ -404,8 +444,10 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     uint64_t word = 0;
     if (!warpAll(waitUntil<true>(g, [&] { return countWordIsFrom(word = loadRelaxed(bitsWord), epoch); }))) return;
     int* rowOf = local.rowOf + static_cast<size_t>(slot) * g.topk;
+    uint64_t* slotReleased = dispatchReleased(g, g.rank, set, s, t);
     if (((static_cast<unsigned>(countOf(word)) >> (t % kWarp)) & 1u) == 0) {
       if (lane < g.topk) rowOf[lane] = -1;  // no message: combine skips the slot
+      releaseSlot(slotReleased, epoch, lane);
       continue;
     }
     const char* msg = messageAt(g, g.rank, set, s, t);
@@ -466,14 +508,16 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
         }
       }
     }
+    releaseSlot(slotReleased, epoch, lane);
     stamps.received = traceNow(g);
   }
 }
 
 // One dispatch kernel runs the send phase, the receive phase or both. Each warp loads its first
-// inputs and the call's epochs in one round trip; the send phase's epoch is recorded by the block
-// that gets there last, without a barrier between the phases; the receive phase's last block
-// releases the set to its senders (the per-expert counts are complete when every block is done).
+// inputs, the call's epochs and the release words of the slots it writes first in one round trip;
+// each phase's epoch is recorded by the block that gets there last, without a barrier between the
+// phases; every receiving warp releases each slot it has read (the per-expert counts are complete
+// when every block is done).
 __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDispatchInput in, int set, bool send,
                                                                 bool receive) {
   const int lane = threadIdx.x % kWarp;
@@ -483,30 +527,29 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
   traceKernelStart(g);
   LlWarpStamps stamps;
   const uint64_t startWord = loadStartWord(g, counters, set, lane);
-  uint64_t consumedSeen = 0, bitmapMask = 0;
+  uint64_t partSeen = 0, bitsSeen = 0, bitmapMask = 0;
   PartInput part;
   if (send) {
-    consumedSeen = loadConsumed(g, set, 0, lane);
-    if (warp < in.numTokens * llParts(g.hidden)) loadPart(g, in, warp, lane, part);
-    if (warp < g.layout.bitWords) bitmapMask = tokenRankMask(g, in, warp * kWarp + lane);
+    if (warp < in.numTokens * llParts(g.hidden)) {
+      partSeen = loadPartReleased(g, set, warp / llParts(g.hidden), lane);
+      loadPart(g, in, warp, lane, part);
+    }
+    if (warp < g.layout.bitWords) {
+      bitsSeen = loadBitsReleased(g, set, warp, lane);
+      bitmapMask = tokenRankMask(g, in, warp * kWarp + lane);
+    }
   }
   const LlEpochs e = epochsOf(startWord);
   stamps.started = traceNow(g);
   if (!blockStarted(e)) return;
+  if (receive) receiveCounted(g, counters, e.receive);
   if (send) {
-    dispatchSend(g, in, set, e, warp, warps, consumedSeen, bitmapMask, part, stamps);
+    dispatchSend(g, in, set, e, warp, warps, partSeen, bitsSeen, bitmapMask, part, stamps);
     if (warp < max(g.layout.bitWords, in.numTokens * llParts(g.hidden))) stamps.sent = traceNow(g);
     sendCounted(g, counters, set, e.send);
   }
   if (receive) dispatchReceive(g, in, set, e.receive, stamps);
   traceWarp(g, kTraceLlDispatchStarted, send ? e.send : e.receive, stamps);
-  if (receive) {
-    if (lastBlockToFinish<false>(&g.counters->finished[1])) {
-      releaseSet(g, set, 0, e.receive);
-      if (threadIdx.x == 0) counters->receive = e.receive;
-      traceEnd(g, kTraceLlDispatchEnd, e.receive);
-    }
-  }
 }
 
 // ---- combine ----------------------------------------------------------------------------------
@@ -579,12 +622,11 @@ __device__ __forceinline__ void loadRowOf(const LlView& g, const LlCombineInput&
   }
 }
 
-// The send phase of warp `warp` of `warps`: items (slot, part) in order. `consumedSeen` and the
-// first item's `firstRow` / `firstWeight` (loadRowOf) were loaded with the epochs.
+// The send phase of warp `warp` of `warps`: items (slot, part) in order. The first item's release
+// word (`firstSeen`) and `firstRow` / `firstWeight` (loadRowOf) were loaded with the epochs.
 __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, const LlEpochs& e, int warp, int warps,
-                            uint64_t consumedSeen, int firstRow, float firstWeight, char* staging, LlWarpStamps& stamps) {
+                            uint64_t firstSeen, int firstRow, float firstWeight, char* staging, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
-  bool setFree = false;
   const int parts = llCombineParts(g.hidden);
   const int vectors = g.hidden / 8;
   const int items = g.nRanks * g.maxTokens * parts;
@@ -594,6 +636,8 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     const int s = slot / g.maxTokens, t = slot % g.maxTokens;
     int row = firstRow;
     float weight = firstWeight;
+    // A later item's release word is loaded with its rows, long before the partial is stored.
+    const uint64_t seen = item == warp ? firstSeen : loadRelaxed(combineReleased(g, s, set, t, p));
     if (item != warp) loadRowOf(g, in, set, slot, lane, row, weight);
     const unsigned rows = __ballot_sync(0xffffffff, row >= 0);
     if (rows == 0) continue;
@@ -625,7 +669,8 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     const int lines = linesFor(payloadBytes);
     LineRun<kPartGroups> run;
     run.stage(staging, payloadBytes, e.send, lane);
-    if (!setFree && !(setFree = warpSetFree(g, set, 1, e.lastUse, lane, consumedSeen))) return;
+    // Rank s's part p of token t, free once s has read what this rank last wrote there.
+    if (!warpAll(released(g, combineReleased(g, s, set, t, p), e.lastUse, seen))) return;
     run.store(partialAt(g, s, set, g.rank, t) + static_cast<size_t>(p) * kLlCombinePartLines * kLineBytes, lines, lane);
     if (stamps.published == 0) stamps.published = traceNow(g);
   }
@@ -639,6 +684,11 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
   const LlSetLocal& local = g.sets[set];
   const int parts = llCombineParts(g.hidden);
   const size_t partOffset = static_cast<size_t>(kLlCombinePartLines) * kLineBytes;
+  // Slots of tokens this call does not have are read by nobody: released at once, so that a sender
+  // whose last write there was in an earlier call need not wait for a call that uses them again.
+  for (int i = warp * kWarp + lane; i < (g.maxTokens - in.numTokens) * parts; i += warps * kWarp) {
+    storeRelaxed(combineReleased(g, g.rank, set, in.numTokens + i / parts, i % parts), epoch);
+  }
   for (int item = warp; item < in.numTokens * parts; item += warps) {
     const int p = item % parts;
     const int t = item / parts;
@@ -689,12 +739,13 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
       const int offset = pieceOffset(i, lane);
       if (lane % 8 != kFlagPiece && offset < payloadBytes) *reinterpret_cast<int4*>(out + offset) = floatToBf16x8(acc[i]);
     }
+    releaseSlot(combineReleased(g, g.rank, set, t, p), epoch, lane);
     stamps.received = traceNow(g);
   }
 }
 
 // One combine kernel runs the send phase, the receive phase or both, started as the dispatch
-// kernel is; the receive phase's last block releases the set's partials to their senders.
+// kernel is; every receiving warp releases each part of a partial it has summed.
 __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombineInput in, int set, bool send,
                                                                bool receive) {
   const int lane = threadIdx.x % kWarp;
@@ -706,31 +757,26 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombi
   traceKernelStart(g);
   LlWarpStamps stamps;
   const uint64_t startWord = loadStartWord(g, counters, set, lane);
-  uint64_t consumedSeen = 0, firstRanks = 0;
+  uint64_t firstSeen = 0, firstRanks = 0;
   int firstRow = -1;
   float firstWeight = 0.0f;
-  if (send) {
-    consumedSeen = loadConsumed(g, set, 1, lane);
-    if (warp < g.nRanks * g.maxTokens * parts) loadRowOf(g, in, set, warp / parts, lane, firstRow, firstWeight);
+  if (send && warp < g.nRanks * g.maxTokens * parts) {
+    const int slot = warp / parts;
+    firstSeen = loadRelaxed(combineReleased(g, slot / g.maxTokens, set, slot % g.maxTokens, warp % parts));
+    loadRowOf(g, in, set, slot, lane, firstRow, firstWeight);
   }
   if (receive && receiveWarp < in.numTokens * parts) firstRanks = __ldcg(g.sets[set].tokenRanks + receiveWarp / parts);
   const LlEpochs e = epochsOf(startWord);
   stamps.started = traceNow(g);
   if (!blockStarted(e)) return;
+  if (receive) receiveCounted(g, counters, e.receive);
   if (send) {
-    combineSend(g, in, set, e, warp, warps, consumedSeen, firstRow, firstWeight, partStaging[threadIdx.x / kWarp], stamps);
+    combineSend(g, in, set, e, warp, warps, firstSeen, firstRow, firstWeight, partStaging[threadIdx.x / kWarp], stamps);
     if (warp < g.nRanks * g.maxTokens * parts) stamps.sent = traceNow(g);
     sendCounted(g, counters, set, e.send);
   }
   if (receive) combineReceive(g, in, set, e.receive, receiveWarp, warps, firstRanks, stamps);
   traceWarp(g, kTraceLlCombineStarted, send ? e.send : e.receive, stamps);
-  if (receive) {
-    if (lastBlockToFinish<false>(&g.counters->finished[1])) {
-      releaseSet(g, set, 1, e.receive);
-      if (threadIdx.x == 0) counters->receive = e.receive;
-      traceEnd(g, kTraceLlCombineEnd, e.receive);
-    }
-  }
 }
 
 }  // namespace

@@ -17,9 +17,11 @@
 //
 // Two buffer sets alternate between dispatches (the host picks the set); epochs count the calls
 // of each phase on the device, so a captured graph replays with fresh tags and flags. Before
-// writing into a peer's set, a sender waits until that receiver has finished reading the set's
-// previous contents; the set's outputs on this GPU (recvCount among them) are the caller's until the
-// next dispatch into the set, which reuses them in stream order.
+// writing into a slot of a peer's set, a sender waits until that receiver has finished reading the
+// slot's previous contents: each receiving warp says so per slot, in its own GPU's memory, as soon
+// as it has read the slot, so that no kernel ends on a grid-wide count or on a store across NVLink.
+// The set's outputs on this GPU (recvCount among them) are the caller's until the next dispatch
+// into the set, which reuses them in stream order.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -48,8 +50,10 @@ UNIFAB_HOST_DEVICE constexpr int llCombinePartValues(int hidden, int p) {
 // Byte offsets into the window (identical on every rank). Set b's arrays start at
 // setBase + b * setBytes; the offsets below are relative to that.
 struct LlLayout {
-  size_t consumed;      // uint64 [kLlSets][2 (dispatch, combine)][nRanks]: epoch of the last call
-                        //   whose data in that set rank d has finished reading (written by d)
+  size_t released;      // uint64 words in this rank's own window, read by the senders: the epoch of
+                        //   the last call whose data in a slot this rank has finished reading;
+                        //   dispatch [kLlSets][nRanks (source)][maxTokens], then combine
+                        //   [kLlSets][maxTokens][llCombineParts(hidden)]
   size_t setBase;
   size_t setBytes;
   size_t tokenBits;     // uint64 [nRanks][bitWords]: tagged bitmaps of the tokens rank s sends us
