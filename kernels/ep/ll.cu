@@ -159,34 +159,42 @@ __device__ __forceinline__ uint64_t* combineReleased(const LlView& g, int rank, 
 // Until `word` says its slot's reader has finished the call `lastUse` (`seen`: the word as loaded
 // earlier, usually already enough).
 __device__ __forceinline__ bool released(const LlView& g, const uint64_t* word, uint64_t lastUse, uint64_t seen) {
-  return seen >= lastUse || waitUntil<false>(g, [&] { return loadRelaxed(word) >= lastUse; });
+  return seen >= lastUse || waitUntil<true>(g, [&] { return loadRelaxed(word) >= lastUse; });
 }
 
-// The receiving warp's word for a slot it has read: every lane's loads of the slot have returned
-// (their values were used), so lane 0 tells the slot's senders, in this GPU's memory.
+// The receiving warp's word for a slot it has read, stored by lane 0 into this GPU's memory. No
+// fence: it relies on every lane's loads of the slot having returned, which holds because each
+// loaded value was used (stored into the outputs, or branched on) before the warp barrier, and a
+// GPU issues a thread's instructions in order. A sender that reads the word writes the slot only
+// after (its stores depend on the branch on the word).
 __device__ __forceinline__ void releaseSlot(uint64_t* word, uint64_t epoch, int lane) {
   __syncwarp();
   if (lane == 0) storeRelaxed(word, epoch);
 }
 
-// The release words a dispatch send warp needs first, loaded with its first inputs: lane d <
-// nRanks, rank d's word for slot (this rank, token `t`) of its first item (`partSeen`), and lane
-// i, the lowest over the ranks of the words for slot (this rank, 32 c + i) of its first bitmap
-// word c (`bitsSeen`; groups of more than 8 ranks are read when waited for).
-constexpr int kPreloadRanks = 8;
+// The release words a dispatch send warp needs, loaded with its inputs (every rank's before any is
+// checked): `partSeen`, lane l's lowest word of slot (this rank, token t) over ranks l, l + 32
+// (< nRanks); `bitsSeen`, lane i's lowest word of slot (this rank, 32 c + i) over every rank.
+constexpr int kLoadsInFlight = 8;
 __device__ __forceinline__ uint64_t loadPartReleased(const LlView& g, int set, int t, int lane) {
-  return lane < g.nRanks ? loadRelaxed(dispatchReleased(g, lane, set, g.rank, t)) : ~0ULL;
+  static_assert(kMaxRanks <= 2 * kWarp, "a lane covers at most two ranks");
+  const uint64_t first = lane < g.nRanks ? loadRelaxed(dispatchReleased(g, lane, set, g.rank, t)) : ~0ULL;
+  const uint64_t second = lane + kWarp < g.nRanks ? loadRelaxed(dispatchReleased(g, lane + kWarp, set, g.rank, t)) : ~0ULL;
+  return min(first, second);
 }
 __device__ __forceinline__ uint64_t loadBitsReleased(const LlView& g, int set, int c, int lane) {
   const int t = c * kWarp + lane;
-  if (t >= g.maxTokens) return ~0ULL;
-  if (g.nRanks > kPreloadRanks) return 0;
-  uint64_t word[kPreloadRanks];
-#pragma unroll
-  for (int d = 0; d < kPreloadRanks; ++d) word[d] = d < g.nRanks ? loadRelaxed(dispatchReleased(g, d, set, g.rank, t)) : ~0ULL;
   uint64_t lowest = ~0ULL;
+  if (t >= g.maxTokens) return lowest;
+  for (int d0 = 0; d0 < g.nRanks; d0 += kLoadsInFlight) {
+    uint64_t word[kLoadsInFlight];
 #pragma unroll
-  for (int d = 0; d < kPreloadRanks; ++d) lowest = min(lowest, word[d]);
+    for (int i = 0; i < kLoadsInFlight; ++i) {
+      word[i] = d0 + i < g.nRanks ? loadRelaxed(dispatchReleased(g, d0 + i, set, g.rank, t)) : ~0ULL;
+    }
+#pragma unroll
+    for (int i = 0; i < kLoadsInFlight; ++i) lowest = min(lowest, word[i]);
+  }
   return lowest;
 }
 
@@ -304,11 +312,12 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     }
     return warpAll(ok);
   };
-  // Token t's message goes to the ranks in `ranks`: lane d waits for rank d's slot (this rank, t).
+  // Token t's message goes to the ranks in `ranks`: lane l waits for ranks l and l + 32's slot
+  // (this rank, t), `seen` their lowest word (loadPartReleased).
   auto slotFree = [&](int t, uint64_t ranks, uint64_t seen) {
     bool ok = true;
     for (int d = lane; d < g.nRanks && ok; d += kWarp) {
-      if (((ranks >> d) & 1ULL) != 0) ok = released(g, dispatchReleased(g, d, set, g.rank, t), e.lastUse, d == lane ? seen : 0);
+      if (((ranks >> d) & 1ULL) != 0) ok = released(g, dispatchReleased(g, d, set, g.rank, t), e.lastUse, seen);
     }
     return warpAll(ok);
   };
@@ -636,11 +645,11 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     const int s = slot / g.maxTokens, t = slot % g.maxTokens;
     int row = firstRow;
     float weight = firstWeight;
-    // A later item's release word is loaded with its rows, long before the partial is stored.
-    const uint64_t seen = item == warp ? firstSeen : loadRelaxed(combineReleased(g, s, set, t, p));
     if (item != warp) loadRowOf(g, in, set, slot, lane, row, weight);
     const unsigned rows = __ballot_sync(0xffffffff, row >= 0);
     if (rows == 0) continue;
+    // A later item's release word, loaded with its expert rows: long before the partial is stored.
+    const uint64_t seen = item == warp ? firstSeen : loadRelaxed(combineReleased(g, s, set, t, p));
     const int firstVector = p * kLlCombinePartValues / 8;
     PartSum sum(min(kLlCombinePartValues, g.hidden - p * kLlCombinePartValues) / 8, lane);
     // Top-k slot order: the sum's order is fixed. Two rows' loads at a time.

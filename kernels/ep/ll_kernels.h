@@ -19,7 +19,8 @@
 // of each phase on the device, so a captured graph replays with fresh tags and flags. Before
 // writing into a slot of a peer's set, a sender waits until that receiver has finished reading the
 // slot's previous contents: each receiving warp says so per slot, in its own GPU's memory, as soon
-// as it has read the slot, so that no kernel ends on a grid-wide count or on a store across NVLink.
+// as it has read the slot, so that no kernel ends on a grid-wide count or on a store across NVLink
+// (the receive phase's epoch is counted at the kernel's start).
 // The set's outputs on this GPU (recvCount among them) are the caller's until the next dispatch
 // into the set, which reuses them in stream order.
 #pragma once
