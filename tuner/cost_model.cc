@@ -88,7 +88,8 @@ int CostModel::networkChannels(int collective, int algorithm, size_t bytes) cons
     return 0;
   }
   const double wireBytes = static_cast<double>(bytes) * p.busFactor;
-  const double fewest = wireBytes < constants_.netOneChannelBytes ? 1.0 : std::max(1, constants_.minNetChannels);
+  const double stepBytes = wireBytes / std::max(1.0, p.intraHops + p.interHops);
+  const double fewest = stepBytes < constants_.netOneChannelStepBytes ? 1.0 : std::max(1, constants_.minNetChannels);
   return channelsFor(wireBytes, constants_.netBytesPerChannel, fewest);
 }
 

@@ -76,12 +76,14 @@ struct ModelConstants {
   // 2x from 32 KiB to 2 MiB per rank, 8 beat 2 from 16 MiB.
   double netBytesPerChannel = 2.0 * 1024 * 1024;
   int minNetChannels = 2;            // the fewest measured fastest from 32 KiB to 2 MiB
-  // Below this many wire bytes per rank an operation is latency-bound and one connection carries
+  // Below this many wire bytes per ring step (a rank's wire bytes over the pattern's sequential
+  // hops: the message each step hands on) an operation is latency-bound and one connection carries
   // it: a second adds its own messages. Measured: 4 KiB all-reduce 40 us on one channel, 50 on two
-  // (fifth run); 32 KiB (16-32 KiB on the wire) one channel 60 us against two's 79 (all-reduce)
-  // and 37 against 47 (all-gather) in the seventh run, which first forced one; from 128 KiB on the
-  // wire two were as fast or faster (all-gather 256 KiB: 90 against 99).
-  double netOneChannelBytes = 64.0 * 1024;
+  // (fifth run); 32 KiB one channel 60 us against two's 79 (all-reduce) and 37 against 47
+  // (all-gather) in the seventh run; all-reduce 128 KiB (two steps of 64 KiB on two nodes) 112.9
+  // against 123.8 in the tenth; two as fast or faster from 128 KiB per step (all-gather 256 KiB, one
+  // step of 128 KiB: 90 against 99; all-reduce 512 KiB, steps of 256 KiB: 236.6 against 259.5-312.9).
+  double netOneChannelStepBytes = 128.0 * 1024;
   // LL's rate per payload byte, as a fraction of Simple's, where a pattern crosses a network whose
   // transport moves every message through host threads: LL's small slices each pay the proxy's and
   // the transport's per-message costs, so it moves far less than half of Simple's bytes. Fitted on
@@ -101,8 +103,8 @@ class CostModel {
   double estimateUs(int collective, int algorithm, int protocol, size_t bytes, int numPipeOps = 1) const;
   // Channels for a pattern that crosses a network whose transport moves every message through
   // host threads (Topology::networkHostMoved: unifab's sockets, where it was measured): one per
-  // netBytesPerChannel of the busiest rank's wire bytes, at least minNetChannels, one below
-  // netOneChannelBytes. It replaces NCCL's own count (at most 64; NCCL caps ring and tree at the channels it built).
+  // netBytesPerChannel of the busiest rank's wire bytes, at least minNetChannels, one where a ring
+  // step carries less than netOneChannelStepBytes. It replaces NCCL's own count (at most 64; NCCL caps ring and tree at the channels it built).
   // 0, keeping NCCL's count, inside one node, over any other transport (not measured), and for
   // patterns the model does not cover.
   int networkChannels(int collective, int algorithm, size_t bytes) const;

@@ -255,8 +255,10 @@ TEST(Tuner, TouchesOnlyUsableEntriesAndChannelsWhereMeasured) {
 }
 
 // Over unifab's sockets a channel per 2 MiB of the busiest rank's wire bytes, at least two, one
-// below 64 KiB: two channels beat eight by up to 2x from 256 KiB to 2 MiB per rank, eight won from
-// 16 MiB, and one beat two at 4 and 32 KiB. Other networks keep NCCL's count.
+// where a ring step carries less than 128 KiB: two channels beat eight by up to 2x from 256 KiB to
+// 2 MiB per rank, eight won from 16 MiB, and one beat two at 4, 32 and 128 KiB of all-reduce (two
+// steps of 64 KiB), two beat one at all-gather 256 KiB (one step of 128 KiB). Other networks keep
+// NCCL's count.
 TEST(CostModel, NetworkChannelsFollowTheWireBytesPerRank) {
   Topology sockets = topology(1, 2);
   sockets.networkHostMoved = true;
@@ -265,9 +267,10 @@ TEST(CostModel, NetworkChannelsFollowTheWireBytesPerRank) {
   EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 8), 1);
   EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 4 << 10), 1) << "latency-bound: one connection";
   EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 32 << 10), 1) << "measured: one 60 us, two 79";
-  EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 64 << 10), 2);
-  EXPECT_EQ(twoNodes.networkChannels(kAllGather, kRing, 64 << 10), 1) << "all-gather: half on the wire";
-  EXPECT_EQ(twoNodes.networkChannels(kAllGather, kRing, 128 << 10), 2);
+  EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 128 << 10), 1) << "measured: one 112.9 us, two 123.8";
+  EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 256 << 10), 2) << "two steps of 128 KiB";
+  EXPECT_EQ(twoNodes.networkChannels(kAllGather, kRing, 128 << 10), 1) << "all-gather: half on the wire, one step";
+  EXPECT_EQ(twoNodes.networkChannels(kAllGather, kRing, 256 << 10), 2) << "measured: two 90 us, one 99";
   EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 2 * kMiB), 2);   // 2 MiB on the wire
   EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 16 * kMiB), 8);  // all-reduce: 2(n-1)/n = 1
   EXPECT_EQ(twoNodes.networkChannels(kAllGather, kRing, 16 * kMiB), 4);  // all-gather: (n-1)/n
