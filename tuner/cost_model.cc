@@ -130,7 +130,9 @@ double CostModel::estimateUs(int collective, int algorithm, int protocol, size_t
                  p.interHops * latency_.hop[kLinkNet][algorithm][protocol];
   if (protocol == kSimple && nvlinkOnly) alpha += constants_.nvlinkSimpleStartUs;
   const bool hostMovedLl = protocol == kLL && p.interHops > 0 && topology_.networkHostMoved;
-  const double payload = nvlinkRingLl128 ? constants_.nvlinkLl128Efficiency
+  const double ll128 = collective == kReduceScatter ? constants_.nvlinkLl128ReduceScatterEfficiency
+                                                    : constants_.nvlinkLl128Efficiency;
+  const double payload = nvlinkRingLl128 ? ll128
                          : hostMovedLl   ? constants_.protocolEfficiency[kSimple] * constants_.hostMovedNetLlRate
                                          : constants_.protocolEfficiency[protocol];
   double bandwidth = bottleneckGBps() * payload * p.efficiency;

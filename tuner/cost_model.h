@@ -61,6 +61,12 @@ struct ModelConstants {
   // shifts NCCL's base latency, so aggregated ops share it like the rest of the base.
   double nvlinkLl128BaseUs = -5.0;
   double nvlinkLl128Efficiency = 0.85;
+  // Reduce-scatter's LL128 on those rings moves less again: at 4 MiB on 24 channels it ran 23.6 us
+  // where all-gather's ran 20.9 (1.13x: 0.85 / 1.13 = 0.75), and lost to LL (22.2, 6 % ahead)
+  // while all-gather's LL lost to LL128 by 28 % (eighth run). At 0.75 the model's two estimates tie;
+  // 0.70 keeps LL ahead at 4 MiB for NVLink rates of 450-500 GB/s (H200: 18 x 26.6), with
+  // all-gather, all-reduce (whose ring LL128 won at 4 MiB) and broadcast on LL128 as before.
+  double nvlinkLl128ReduceScatterEfficiency = 0.70;
   // LL inside an NVLink domain of two ranks: NCCL gives LL one channel per ~8 KiB of nBytes there
   // (2 channels at 16 KiB, 8 at 64 KiB), where the sweep's ring broadcasts ran 0.5 us faster on 8
   // channels at 16 KiB and on 24 at 64 KiB (5.2 against 5.7 us, 5.5 against 6.0). From
