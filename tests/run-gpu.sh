@@ -222,6 +222,9 @@ for step in $steps; do
     [ -n "$mpi_home" ] && pp_env=(UNIFAB_PP_ENGINE=slots)
     ntrun pp-check "${pp_env[@]}" "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
     ntrun pp-one-way "${pp_env[@]}" UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
+    # The default engine across processes on ncclMemAlloc buffers (their cuMem handles passed over
+    # a Unix socket, branch pp-vmm): checked and timed next to the slots engine.
+    [ -n "$mpi_home" ] && ntrun pp-one-way-rendezvous UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
     if [ -n "$mpi_home" ]; then
       launch=() per_rank=(-t 2 -g 1)
       ntrun pp-one-way-threads UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3

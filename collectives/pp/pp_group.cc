@@ -231,6 +231,11 @@ Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t* given, uni
     UF_CHECK(group->watchdog_->start());
     if (group->rendezvous_) {
       UF_CHECK(pp::Inbox::create(group->lsaSize_, &group->myInbox_));
+      const Result channel = pp::FdChannel::create(pp::channelNameOf(group->myInbox_->name()), &group->myChannel_);
+      if (channel != unifabSuccess) {
+        UF_WARN(kExt, "PP group: no descriptor channel (%s): virtual-memory buffers of other processes will not be "
+                "mapped here", unifabGetLastError());
+      }
       group->rendezvousPeers_.resize(group->lsaSize_);
       for (RendezvousPeer& peer : group->rendezvousPeers_) {
         for (std::vector<cudaEvent_t>& ends : peer.callEnds) {
@@ -321,6 +326,7 @@ Result unifabPpGroup::setUpRendezvous() {
       theirs[sizeof(theirs) - 1] = '\0';
       RendezvousPeer& peer = rendezvousPeers_[p];
       UF_CHECK(pp::Inbox::open(theirs, lsaSize_, &peer.inbox));
+      peer.channel = pp::channelNameOf(theirs);
       peer.sameProcess = pp::Inbox::processOf(theirs) == myProcess;
     }
     return unifabSuccess;
@@ -350,9 +356,12 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   pp::Posting mine{};
   mine.bytes = bytes;
   mine.address = reinterpret_cast<uintptr_t>(data);
-  if (!peer.sameProcess) UF_CHECK(exporter_.describe(data, bytes, &mine));  // threads share addresses
-  // A buffer the peer's process cannot map (a stream-ordered pool, cuMem/ncclMemAlloc memory) is
-  // moved by this side's copy engine: this call waits for the peer's posting and comes second.
+  if (!peer.sameProcess) {  // threads share addresses
+    UF_CHECK(exporter_.describe(data, bytes, myChannel_ != nullptr, &mine));
+  }
+  // A buffer the peer's process cannot map (a stream-ordered pool, a buffer across two cuMem
+  // mappings) is moved by this side's copy engine: this call waits for the peer's posting and
+  // comes second.
   const bool mayBeFirst = bytes == 0 || peer.sameProcess || mine.mappable != 0;
   cudaEvent_t previous = peer.callEnds[side][(sequence - 1) % pp::Inbox::kRing];
   lock.unlock();
@@ -384,6 +393,10 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
                                  "call to be posted (if that buffer cannot be mapped either, allocate one of the two "
                                  "with cudaMalloc or use UNIFAB_PP_ENGINE=slots)"));
   lock.lock();
+  if (arrival == pp::Arrival::kFirst && bytes > 0 && !peer.sameProcess) {
+    // The peer maps this buffer: a virtual-memory one's handle goes to its channel now (it waits for it).
+    UF_CHECK(exporter_.deliver(data, mine, myChannel_.get(), peer.channel, myIndex_));
+  }
   char* local = window_->localBase();
   char* theirs = window_->peerBases()[to];
   const int other = 1 - side;
@@ -423,7 +436,7 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
                         "CUDA IPC cannot map (do both ranks load the same unifab build?); its call will time out",
                         call, static_cast<unsigned long long>(sequence), peerRank, peerRank);
       }
-      UF_CHECK(importer_.map(to, first, &firstData));
+      UF_CHECK(importer_.map(to, first, myChannel_.get(), deadline, &firstData));
     }
     UF_CHECK(watchdog_->wait(*ops_, stream, reinterpret_cast<uint64_t*>(local + reachedOffset(other, to, sequence)),
                              sequence, side == pp::kSendSide ? "send: the receive buffer of" : "recv: the send buffer of",

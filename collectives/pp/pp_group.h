@@ -94,6 +94,7 @@ struct unifabPpGroup {
  private:
   struct RendezvousPeer {  // this rank's rendezvous state towards one LSA peer
     std::unique_ptr<unifab::collectives::pp::Inbox> inbox;  // the peer's (its receives from us)
+    std::string channel;       // the peer's FdChannel (its name; the handles of our buffers go there)
     bool sameProcess = false;  // driven by another thread of this process: no IPC in between
     bool peerAccess = false;   // same process: peer access to its GPU enabled
     uint64_t transfers[2] = {0, 0};  // [side]: calls posted so far
@@ -139,6 +140,9 @@ struct unifabPpGroup {
   std::vector<uint64_t> sentTo_;     // chunks sent to each LSA peer so far
   std::vector<uint64_t> receivedFrom_;
   std::unique_ptr<unifab::collectives::pp::Inbox> myInbox_;
+  // Where the peers send the handles of their virtual-memory buffers; null where this process could
+  // not open one (those buffers are then moved by their own side, as unmappable ones).
+  std::unique_ptr<unifab::collectives::pp::FdChannel> myChannel_;
   std::vector<RendezvousPeer> rendezvousPeers_;
   unifab::collectives::pp::BufferExporter exporter_;
   unifab::collectives::pp::BufferImporter importer_;

@@ -14,13 +14,16 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 
+#include "collectives/pp/fd_channel.h"
 #include "collectives/pp/rendezvous_protocol.h"
 #include "plugin/check.h"
 
@@ -58,27 +61,44 @@ class Inbox {
   size_t bytes_ = 0;
 };
 
-// Describes `data` for the other side: its address, and for legacy CUDA IPC its allocation's
-// handle, id and offset (mappable = 0 for memory IPC cannot share: stream-ordered pools, virtual
-// memory management, ncclMemAlloc).
+// The FdChannel name of the group member whose inbox is `inboxName` (unique on the node as it is).
+std::string channelNameOf(const char* inboxName);
+
+// Describes `data` for the other side: its address, and how another process maps its allocation:
+// legacy CUDA IPC (cudaMalloc), or, where this process has an FdChannel (`haveChannel`), for
+// virtual memory whose allocation allows POSIX descriptors (cuMemCreate, ncclMemAlloc, PyTorch's
+// expandable segments) and that one mapping holds whole, its shareable handle. mappable = 0 for the
+// rest (stream-ordered pools, a buffer across two mappings).
+// deliver() sends such a handle, once per peer and allocation, to the peer's channel `peerChannel`
+// (`poster`: this rank's index on the node, for the key): only a call that came first does, since
+// only then does the peer map the buffer (a descriptor never taken would keep the memory alive).
 class BufferExporter {
  public:
-  Result describe(const void* data, size_t bytes, Posting* out);
+  Result describe(const void* data, size_t bytes, bool haveChannel, Posting* out);
+  Result deliver(const void* data, const Posting& mine, FdChannel* channel, const std::string& peerChannel, int poster);
 
  private:
   std::map<uint64_t, cudaIpcMemHandle_t> handles_;  // by buffer id
+  std::set<std::pair<std::string, uint64_t>> sent_;  // (peer channel, buffer id) whose handle went out
 };
 
-// The peers' allocations this GPU has mapped, by (peer, buffer id). Closed on destruction, which
-// the owner does only after its transfers are complete.
+// The peers' allocations this GPU has mapped, by (peer, buffer id): legacy IPC handles opened, or
+// shared virtual-memory handles (taken from this rank's FdChannel) mapped into address ranges of
+// this process with access for this GPU. Closed on destruction, which the owner does only after
+// its transfers are complete.
 class BufferImporter {
  public:
   ~BufferImporter();
-  Result map(int peer, const Posting& p, char** data);
+  Result map(int peer, const Posting& p, FdChannel* channel, std::chrono::steady_clock::time_point deadline,
+             char** data);
   void closeAll();
 
  private:
-  std::map<std::pair<int, uint64_t>, char*> mapped_;
+  struct Mapping {
+    char* base;
+    size_t bytes;  // 0: a legacy IPC mapping; else a reserved, mapped range
+  };
+  std::map<std::pair<int, uint64_t>, Mapping> mapped_;
 };
 
 }  // namespace unifab::collectives::pp

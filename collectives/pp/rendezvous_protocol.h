@@ -11,16 +11,31 @@ namespace unifab::collectives::pp {
 
 constexpr size_t kIpcHandleBytes = 64;
 
+// How another process maps a posted buffer's allocation.
+enum PostingKind : uint32_t {
+  kNotMappable = 0,  // it cannot: the other side moves the data
+  kLegacyIpc = 1,    // `allocation` holds its cudaIpcMemHandle_t
+  kSharedHandle = 2  // virtual memory (cuMem): its handle came as a descriptor over the FdChannel,
+                     // keyed by handleKey(poster, bufferId); map `mappingBytes` of it
+};
+
 // One side's buffer of a transfer, as the other side needs it.
 struct Posting {
   uint64_t bytes;
   uint64_t address;    // as the posting process addresses it (used by threads of that process)
   uint64_t bufferId;   // its allocation (CU_POINTER_ATTRIBUTE_BUFFER_ID)
   uint64_t offset;     // into that allocation
-  uint32_t mappable;   // 1: `allocation` maps it in another process
-  uint32_t reserved;
+  uint32_t mappable;   // 1: another process can map it (kind != kNotMappable)
+  uint32_t kind;       // PostingKind
+  uint64_t mappingBytes;
   unsigned char allocation[kIpcHandleBytes];  // a cudaIpcMemHandle_t
 };
+
+// The FdChannel key of buffer `bufferId` of the group member `poster` (its index among the ranks
+// of the node): buffer ids are unique only within a process.
+inline uint64_t handleKey(int poster, uint64_t bufferId) {
+  return (static_cast<uint64_t>(poster) << 48) ^ (bufferId & ((uint64_t{1} << 48) - 1));
+}
 
 constexpr int kSendSide = 0, kRecvSide = 1;
 

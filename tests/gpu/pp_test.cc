@@ -5,8 +5,10 @@
 // every received byte is checked. Sizes cross the chunk boundaries (1 B up to 64 MiB + 7, and
 // 1 GiB with --large); a small-slot configuration makes transfers rotate through the slots many
 // times. The last receive buffer of each batch is stream-ordered pool memory (receive buffers of
-// any allocator). Also: the calls the group refuses.
+// any allocator); with --vmm every buffer comes from ncclMemAlloc (cuMem). Also: the calls the
+// group refuses.
 #include <cuda_runtime.h>
+#include <nccl.h>
 #include <cstring>
 #include <cstdint>
 #include <algorithm>
@@ -45,8 +47,18 @@ bool slotsEngine() {
   return engine != nullptr && std::string(engine) == "slots";
 }
 
+// Whether `data` is virtual memory (cuMem): legacy CUDA IPC refuses to export it.
+bool virtualMemory(void* data) {
+  cudaIpcMemHandle_t handle;
+  const bool legacy = cudaIpcGetMemHandle(&handle, data) == cudaSuccess;
+  (void)cudaGetLastError();
+  return !legacy;
+}
+
+// vmm: every buffer from ncclMemAlloc (cuMem with shareable POSIX descriptors, as nccl-tests and
+// PyTorch's expandable segments allocate), which legacy CUDA IPC cannot map in another process.
 bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<size_t>& sizes, int rounds, int batch,
-               const std::string& what) {
+               const std::string& what, bool vmm = false) {
   const int n = session.nRanks(), me = session.rank();
   const int next = (me + 1) % n, prev = (me + n - 1) % n;
   size_t largest = 0;
@@ -54,8 +66,14 @@ bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<si
   std::vector<void*> sendBuf(batch, nullptr), recvBuf(batch, nullptr);
   // The last receive buffer of a batch comes from the stream-ordered pool, which CUDA IPC cannot
   // map: the rendezvous engine then has the receiving side move the data.
-  const bool poolBuffer = batch > 1;
+  const bool poolBuffer = batch > 1 && !vmm;
   for (int i = 0; i < batch; ++i) {
+    if (vmm) {
+      TEST_NCCL_CHECK(ncclMemAlloc(&sendBuf[i], std::max<size_t>(largest, 1)));
+      TEST_NCCL_CHECK(ncclMemAlloc(&recvBuf[i], std::max<size_t>(largest, 1)));
+      check(virtualMemory(sendBuf[i]) && virtualMemory(recvBuf[i]), what + ": ncclMemAlloc gave virtual memory");
+      continue;
+    }
     TEST_CUDA_CHECK(cudaMalloc(&sendBuf[i], std::max<size_t>(largest, 1)));
     if (i == batch - 1 && poolBuffer) {
       TEST_CUDA_CHECK(cudaMallocAsync(&recvBuf[i], std::max<size_t>(largest, 1), nullptr));
@@ -105,6 +123,11 @@ bool runRounds(NcclSession& session, unifabPpGroup_t group, const std::vector<si
   }
   TEST_CUDA_CHECK(cudaDeviceSynchronize());
   for (int i = 0; i < batch; ++i) {
+    if (vmm) {
+      ncclMemFree(sendBuf[i]);
+      ncclMemFree(recvBuf[i]);
+      continue;
+    }
     cudaFree(sendBuf[i]);
     if (i == batch - 1 && poolBuffer) {
       cudaFreeAsync(recvBuf[i], nullptr);
@@ -209,16 +232,17 @@ bool runSizeMismatch(NcclSession& session, const unifabPpConfig_t& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool large = false, smallSlots = false, watchdog = false;
+  bool large = false, smallSlots = false, watchdog = false, vmm = false;
   int rounds = 6;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--large") large = true;            // adds 1 GiB transfers
     else if (arg == "--small-slots") smallSlots = true;  // 64 KiB x 2 slots: many rotations
     else if (arg == "--watchdog") watchdog = true;       // an unmatched send, released by the watchdog
+    else if (arg == "--vmm") vmm = true;                 // every buffer from ncclMemAlloc (cuMem)
     else if (arg == "--rounds" && i + 1 < argc) rounds = atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: %s [--large] [--small-slots] [--watchdog] [--rounds N]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--large] [--small-slots] [--watchdog] [--vmm] [--rounds N]\n", argv[0]);
       return 2;
     }
   }
@@ -244,7 +268,12 @@ int main(int argc, char** argv) {
     // The largest transfer a call takes (kMaxChunksPerCall chunks), or 64 MiB + 7 when that is less.
     const size_t largest = std::min((size_t{64} << 20) + 7, 128 * chunk);
     std::vector<size_t> sizes = {1, 15, 4096, (size_t{1} << 20) + 3, chunk, chunk + 1, 3 * chunk + 5, largest, 0};
-    ok = runRefusals(session, group, chunk) && runRounds(session, group, sizes, rounds, 4, smallSlots ? "small slots" : "default");
+    if (vmm) {
+      ok = runRounds(session, group, sizes, rounds, 4, "ncclMemAlloc buffers", true);
+    } else {
+      ok = runRefusals(session, group, chunk) &&
+           runRounds(session, group, sizes, rounds, 4, smallSlots ? "small slots" : "default");
+    }
     if (ok && large) ok = runRounds(session, group, {size_t{1} << 30}, 2, 1, "1 GiB");
   }
   if (!ok) {
