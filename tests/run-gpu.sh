@@ -215,15 +215,14 @@ for step in $steps; do
     # nccl-tests with unifab's patch next to unifab-bench on the same shapes (the two must agree
     # within 5 %: ntcompare checks it).
     nccl_tests_setup || continue
-    # nccl-tests allocates its buffers with ncclMemAlloc, which legacy CUDA IPC cannot map into
-    # another process, and PP's default (rendezvous) engine needs one of the two buffers mappable:
-    # across processes PP runs on the slots engine, and on the rendezvous engine with threads.
+    # nccl-tests allocates its buffers with ncclMemAlloc (cuMem), which legacy CUDA IPC cannot map
+    # into another process; the rendezvous engine maps them through their shared handles. PP runs
+    # on the slots engine across processes (the runs compared with unifab-bench), on the
+    # rendezvous engine across processes (pp-one-way-rendezvous) and with threads.
     pp_env=()
     [ -n "$mpi_home" ] && pp_env=(UNIFAB_PP_ENGINE=slots)
     ntrun pp-check "${pp_env[@]}" "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
     ntrun pp-one-way "${pp_env[@]}" UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
-    # The default engine across processes on ncclMemAlloc buffers (their cuMem handles passed over
-    # a Unix socket, branch pp-vmm): checked and timed next to the slots engine.
     [ -n "$mpi_home" ] && ntrun pp-one-way-rendezvous UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
     if [ -n "$mpi_home" ]; then
       launch=() per_rank=(-t 2 -g 1)

@@ -1,6 +1,9 @@
 #include "collectives/pp/pp_group.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <thread>
 
@@ -332,6 +335,22 @@ Result unifabPpGroup::setUpRendezvous() {
     return unifabSuccess;
   };
   const Result opened = openPeers();
+  // Descriptor channels in use only if every rank reaches every other process's (abstract sockets
+  // belong to a network namespace); else no rank posts virtual-memory buffers as mappable.
+  int64_t unreachable = opened == unifabSuccess && myChannel_ != nullptr ? 0 : 1;
+  if (unreachable == 0) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    for (int p = 0; p < lsaSize_ && unreachable == 0; ++p) {
+      if (p == myIndex_ || rendezvousPeers_[p].sameProcess) continue;
+      if (myChannel_->send(rendezvousPeers_[p].channel, 0, -1, deadline) != unifabSuccess) unreachable = 1;
+    }
+  }
+  UF_CHECK(unifab::collectives::allRanksMax(comm_->nccl(), comm_->comm(), &unreachable, 1));
+  if (unreachable != 0 && myChannel_ != nullptr) {
+    UF_INFO(kExt, kLogInit, "PP group: a rank cannot reach another's descriptor channel; virtual-memory buffers are "
+            "moved by their own side");
+    myChannel_.reset();
+  }
   // Everybody has every inbox open, and the names can go; or a rank could not open one, and every
   // rank learns it here instead of waiting for it.
   const Result allOpened = unifab::collectives::agreeAcrossRanks(comm_->nccl(), comm_->comm(),
@@ -356,8 +375,15 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   pp::Posting mine{};
   mine.bytes = bytes;
   mine.address = reinterpret_cast<uintptr_t>(data);
+  // A virtual-memory buffer's handle exported for the peer (sent if this call comes first).
+  struct ExportedHandle {
+    int fd = -1;
+    ~ExportedHandle() {
+      if (fd >= 0) close(fd);
+    }
+  } exported;
   if (!peer.sameProcess) {  // threads share addresses
-    UF_CHECK(exporter_.describe(data, bytes, myChannel_ != nullptr, &mine));
+    UF_CHECK(exporter_.describe(data, bytes, myChannel_ != nullptr, peer.channel, &mine, &exported.fd));
   }
   // A buffer the peer's process cannot map (a stream-ordered pool, a buffer across two cuMem
   // mappings) is moved by this side's copy engine: this call waits for the peer's posting and
@@ -389,14 +415,21 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   UF_CHECK(waitHost([&] { arrival = pp::arrive(entry, sequence, pp::Inbox::kRing, side, mine, &first, mayBeFirst);
                           return arrival != pp::Arrival::kBusy; },
                     mayBeFirst ? "the peer has not posted the transfer that used the same rendezvous entry"
-                               : "this buffer cannot be mapped by CUDA IPC, so this call waits for the peer's matching "
-                                 "call to be posted (if that buffer cannot be mapped either, allocate one of the two "
-                                 "with cudaMalloc or use UNIFAB_PP_ENGINE=slots)"));
-  lock.lock();
+                               : "another process cannot map this buffer (a stream-ordered pool, or virtual memory "
+                                 "that no single mapping holds or whose handle cannot be passed), so this call waits for "
+                                 "the peer's matching call to be posted (if that buffer cannot be mapped either, allocate "
+                                 "one of the two with cudaMalloc or ncclMemAlloc, or use UNIFAB_PP_ENGINE=slots)"));
+  // Outside the group's lock, which another thread's call of this process may need meanwhile: the
+  // handle of a buffer the peer will map goes to its channel (the peer waits for it), and a second
+  // call maps the first side's buffer (waiting for its handle if it is virtual memory).
   if (arrival == pp::Arrival::kFirst && bytes > 0 && !peer.sameProcess) {
-    // The peer maps this buffer: a virtual-memory one's handle goes to its channel now (it waits for it).
-    UF_CHECK(exporter_.deliver(data, mine, myChannel_.get(), peer.channel, myIndex_));
+    UF_CHECK(exporter_.deliver(mine, exported.fd, myChannel_.get(), peer.channel, myIndex_, deadline));
   }
+  char* mappedFirst = nullptr;
+  if (arrival == pp::Arrival::kSecond && bytes > 0 && !peer.sameProcess && first.mappable != 0 && first.bytes == bytes) {
+    UF_CHECK(importer_.map(to, first, myChannel_.get(), deadline, &mappedFirst));
+  }
+  lock.lock();
   char* local = window_->localBase();
   char* theirs = window_->peerBases()[to];
   const int other = 1 - side;
@@ -433,10 +466,10 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
         // A call with an unmappable buffer never comes first (mayBeFirst), so this is a peer that
         // does not follow that protocol.
         return UF_ERROR(unifabInternalError, kExt, "pipeline %s %llu with rank %d: rank %d came first with a buffer "
-                        "CUDA IPC cannot map (do both ranks load the same unifab build?); its call will time out",
+                        "this process cannot map (do both ranks load the same unifab build?); its call will time out",
                         call, static_cast<unsigned long long>(sequence), peerRank, peerRank);
       }
-      UF_CHECK(importer_.map(to, first, myChannel_.get(), deadline, &firstData));
+      firstData = mappedFirst;
     }
     UF_CHECK(watchdog_->wait(*ops_, stream, reinterpret_cast<uint64_t*>(local + reachedOffset(other, to, sequence)),
                              sequence, side == pp::kSendSide ? "send: the receive buffer of" : "recv: the send buffer of",

@@ -132,13 +132,15 @@ const VmmDriver& vmmDriver() {
 
 Result driverCheck(CUresult result, const char* call) {
   if (result == CUDA_SUCCESS) return unifabSuccess;
-  return UF_ERROR(unifabUnhandledCudaError, kExt, "%s failed with CUDA driver error %d", call, static_cast<int>(result));
+  return UF_ERROR(unifabUnhandledCudaError, kExt, "%s failed: CUresult %d (cuda.h)", call, static_cast<int>(result));
 }
 
 }  // namespace
 
-Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel, Posting* out) {
+Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel, const std::string& peerChannel,
+                                Posting* out, int* exported) {
   *out = Posting{};
+  *exported = -1;
   out->bytes = bytes;
   out->address = reinterpret_cast<uintptr_t>(data);
   if (bytes == 0) return unifabSuccess;
@@ -154,6 +156,7 @@ Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel
   void* values[3] = {&capable, &bufferId, &start};
   const CUdeviceptr at = reinterpret_cast<CUdeviceptr>(data);
   if (getAttributes(3, which, values, at) != CUDA_SUCCESS) return unifabSuccess;  // not mappable
+  std::lock_guard<std::mutex> lock(mutex_);
   if (capable != 0 && start != 0) {
     auto found = handles_.find(bufferId);
     if (found == handles_.end()) {
@@ -171,110 +174,123 @@ Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel
     memcpy(out->allocation, &found->second, sizeof(found->second));
     return unifabSuccess;
   }
-  CUpointer_attribute vmmWhich[3] = {CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
-                                     CU_POINTER_ATTRIBUTE_MAPPING_SIZE};
-  unsigned long long handleTypes = 0;
+  // Virtual memory: its own physical allocation (not a stream-ordered pool's), allowing POSIX
+  // descriptors, one mapping holding the whole buffer (an expandable segment maps several
+  // allocations side by side), and a handle the driver exports.
+  const VmmDriver& vmm = vmmDriver();
+  if (!vmm.usable || !haveChannel) return unifabSuccess;
+  CUpointer_attribute vmmWhich[5] = {CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+                                     CU_POINTER_ATTRIBUTE_MAPPING_SIZE, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID,
+                                     CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE};
+  unsigned long long handleTypes = 0, blockId = 0;
   CUdeviceptr mappingBase = 0;
   size_t mappingBytes = 0;
-  void* vmmValues[3] = {&handleTypes, &mappingBase, &mappingBytes};
-  if (getAttributes(3, vmmWhich, vmmValues, at) != CUDA_SUCCESS) return unifabSuccess;
-  // Virtual memory: one mapping must hold the whole buffer (an expandable segment maps several
-  // allocations side by side), and its allocation must allow POSIX descriptors.
-  const VmmDriver& vmm = vmmDriver();
-  if (!vmm.usable || !haveChannel || (handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0 ||
+  CUmemoryPool pool = nullptr;
+  void* vmmValues[5] = {&handleTypes, &mappingBase, &mappingBytes, &blockId, &pool};
+  if (getAttributes(5, vmmWhich, vmmValues, at) != CUDA_SUCCESS) return unifabSuccess;
+  if ((handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0 || pool != nullptr || blockId == 0 ||
       mappingBase == 0 || at < mappingBase || at - mappingBase > mappingBytes || bytes > mappingBytes - (at - mappingBase)) {
     return unifabSuccess;
   }
+  if (sent_.count(std::make_pair(peerChannel, static_cast<uint64_t>(blockId))) == 0) {
+    CUmemGenericAllocationHandle handle = 0;
+    if (vmm.retainAllocationHandle(&handle, const_cast<void*>(data)) != CUDA_SUCCESS) return unifabSuccess;
+    int fd = -1;
+    const CUresult result = vmm.exportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    (void)vmm.release(handle);  // the retained reference; the allocation lives on with its owner
+    if (result != CUDA_SUCCESS) return unifabSuccess;
+    *exported = fd;
+  }
   out->mappable = 1;
   out->kind = kSharedHandle;
-  out->bufferId = bufferId;
+  out->bufferId = blockId;
   out->offset = at - mappingBase;
   out->mappingBytes = mappingBytes;
   return unifabSuccess;
 }
 
-Result BufferExporter::deliver(const void* data, const Posting& mine, FdChannel* channel, const std::string& peerChannel,
-                               int poster) {
-  if (mine.kind != kSharedHandle) return unifabSuccess;
-  const auto sent = std::make_pair(peerChannel, mine.bufferId);
-  if (sent_.count(sent) != 0) return unifabSuccess;
-  const VmmDriver& vmm = vmmDriver();
-  CUmemGenericAllocationHandle handle = 0;
-  UF_CHECK(driverCheck(vmm.retainAllocationHandle(&handle, const_cast<void*>(data)), "cuMemRetainAllocationHandle"));
-  int fd = -1;
-  const CUresult exported = vmm.exportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-  (void)vmm.release(handle);  // the retained reference; the allocation lives on with its owner
-  UF_CHECK(driverCheck(exported, "cuMemExportToShareableHandle"));
-  // The descriptor goes to the peer (the kernel duplicates it there) and is closed here at once:
-  // held open, it would keep the allocation's memory alive after the application freed it.
-  const Result delivered = channel->send(peerChannel, handleKey(poster, mine.bufferId), fd);
-  close(fd);
-  UF_CHECK(delivered);
-  sent_.insert(sent);
+Result BufferExporter::deliver(const Posting& mine, int exported, FdChannel* channel, const std::string& peerChannel,
+                               int poster, FdChannel::Deadline deadline) {
+  if (mine.kind != kSharedHandle || exported < 0) return unifabSuccess;
+  // The kernel duplicates the descriptor into the datagram; the caller closes its own.
+  UF_CHECK(channel->send(peerChannel, handleKey(poster, mine.bufferId), exported, deadline));
+  std::lock_guard<std::mutex> lock(mutex_);
+  sent_.insert(std::make_pair(peerChannel, mine.bufferId));
   return unifabSuccess;
 }
 
-Result BufferImporter::map(int peer, const Posting& p, FdChannel* channel, std::chrono::steady_clock::time_point deadline,
-                           char** data) {
-  const auto key = std::make_pair(peer, p.bufferId);
+Result BufferImporter::map(int peer, const Posting& p, FdChannel* channel, FdChannel::Deadline deadline, char** data) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto key = std::make_tuple(peer, p.kind, p.bufferId);
   auto found = mapped_.find(key);
-  if (found == mapped_.end()) {
-    if (p.kind == kLegacyIpc) {
-      void* opened = nullptr;
-      cudaIpcMemHandle_t handle;
-      memcpy(&handle, p.allocation, sizeof(handle));
-      UF_CUDA_CHECK(cudaIpcOpenMemHandle(&opened, handle, cudaIpcMemLazyEnablePeerAccess));
-      found = mapped_.emplace(key, Mapping{static_cast<char*>(opened), 0}).first;
-    } else if (p.kind == kSharedHandle) {
-      const VmmDriver& vmm = vmmDriver();
-      if (!vmm.usable || channel == nullptr) {
-        return UF_ERROR(unifabInternalError, kExt, "rank %d posted a virtual-memory buffer this process cannot map "
-                        "(the driver lacks the cuMem calls)", peer);
-      }
-      int fd = -1;
-      UF_CHECK(channel->take(handleKey(peer, p.bufferId), deadline, &fd));
-      CUmemGenericAllocationHandle handle = 0;
-      const CUresult imported =
-          vmm.importFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
-                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-      close(fd);
-      UF_CHECK(driverCheck(imported, "cuMemImportFromShareableHandle"));
-      int device = 0;
-      UF_CUDA_CHECK(cudaGetDevice(&device));
-      CUdeviceptr base = 0;
-      Result mapped = driverCheck(vmm.addressReserve(&base, p.mappingBytes, 0, 0, 0), "cuMemAddressReserve");
-      if (mapped == unifabSuccess) {
-        mapped = driverCheck(vmm.map(base, p.mappingBytes, 0, handle, 0), "cuMemMap");
-        if (mapped == unifabSuccess) {
-          CUmemAccessDesc access{};
-          access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-          access.location.id = device;
-          access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-          mapped = driverCheck(vmm.setAccess(base, p.mappingBytes, &access, 1), "cuMemSetAccess");
-          if (mapped != unifabSuccess) (void)vmm.unmap(base, p.mappingBytes);
-        }
-        if (mapped != unifabSuccess) (void)vmm.addressFree(base, p.mappingBytes);
-      }
-      (void)vmm.release(handle);  // the mapping holds the allocation from here on
-      UF_CHECK(mapped);
-      found = mapped_.emplace(key, Mapping{reinterpret_cast<char*>(base), p.mappingBytes}).first;
-    } else {
-      return UF_ERROR(unifabInternalError, kExt, "rank %d posted a buffer of unknown kind %u", peer, p.kind);
+  if (found != mapped_.end()) {
+    if (p.kind == kSharedHandle && (found->second.bytes != p.mappingBytes || p.offset > p.mappingBytes ||
+                                    p.bytes > p.mappingBytes - p.offset)) {
+      return UF_ERROR(unifabInternalError, kExt, "rank %d posted %llu bytes at offset %llu of its allocation %llu, "
+                      "mapped here as %zu bytes: the allocation changed under the same id",
+                      peer, static_cast<unsigned long long>(p.bytes), static_cast<unsigned long long>(p.offset),
+                      static_cast<unsigned long long>(p.bufferId), found->second.bytes);
     }
+  } else if (p.kind == kLegacyIpc) {
+    void* opened = nullptr;
+    cudaIpcMemHandle_t handle;
+    memcpy(&handle, p.allocation, sizeof(handle));
+    UF_CUDA_CHECK(cudaIpcOpenMemHandle(&opened, handle, cudaIpcMemLazyEnablePeerAccess));
+    found = mapped_.emplace(key, Mapping{static_cast<char*>(opened), 0}).first;
+  } else if (p.kind == kSharedHandle) {
+    const VmmDriver& vmm = vmmDriver();
+    if (!vmm.usable || channel == nullptr) {
+      return UF_ERROR(unifabInternalError, kExt, "rank %d posted a virtual-memory buffer, but this process has no "
+                      "descriptor channel or lacks the driver's cuMem calls (do both ranks load the same unifab build?)",
+                      peer);
+    }
+    int device = 0;
+    UF_CUDA_CHECK(cudaGetDevice(&device));
+    int fd = -1;
+    UF_CHECK(channel->take(handleKey(peer, p.bufferId), deadline, &fd));
+    CUmemGenericAllocationHandle handle = 0;
+    const CUresult imported = vmm.importFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    close(fd);
+    UF_CHECK(driverCheck(imported, "cuMemImportFromShareableHandle"));
+    CUdeviceptr base = 0;
+    Result mapped = driverCheck(vmm.addressReserve(&base, p.mappingBytes, 0, 0, 0), "cuMemAddressReserve");
+    if (mapped == unifabSuccess) {
+      mapped = driverCheck(vmm.map(base, p.mappingBytes, 0, handle, 0), "cuMemMap");
+      if (mapped == unifabSuccess) {
+        CUmemAccessDesc access{};
+        access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        access.location.id = device;
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        mapped = driverCheck(vmm.setAccess(base, p.mappingBytes, &access, 1), "cuMemSetAccess");
+        if (mapped != unifabSuccess) (void)vmm.unmap(base, p.mappingBytes);
+      }
+      if (mapped != unifabSuccess) (void)vmm.addressFree(base, p.mappingBytes);
+    }
+    (void)vmm.release(handle);  // the mapping holds the allocation from here on
+    UF_CHECK(mapped);
+    found = mapped_.emplace(key, Mapping{reinterpret_cast<char*>(base), p.mappingBytes}).first;
+  } else {
+    return UF_ERROR(unifabInternalError, kExt, "rank %d posted a buffer of unknown kind %u", peer, p.kind);
   }
   *data = found->second.base + p.offset;
   return unifabSuccess;
 }
 
 void BufferImporter::closeAll() {
+  std::lock_guard<std::mutex> lock(mutex_);
   const VmmDriver& vmm = vmmDriver();
   for (auto& m : mapped_) {
     if (m.second.bytes == 0) {
       UF_CUDA_WARN(cudaIpcCloseMemHandle(m.second.base));
-    } else {
-      const CUdeviceptr base = reinterpret_cast<CUdeviceptr>(m.second.base);
-      (void)vmm.unmap(base, m.second.bytes);
-      (void)vmm.addressFree(base, m.second.bytes);
+      continue;
+    }
+    const CUdeviceptr base = reinterpret_cast<CUdeviceptr>(m.second.base);
+    const CUresult unmapped = vmm.unmap(base, m.second.bytes);
+    const CUresult freed = vmm.addressFree(base, m.second.bytes);
+    if (unmapped != CUDA_SUCCESS || freed != CUDA_SUCCESS) {
+      UF_WARN(kExt, "PP: unmapping a peer's buffer failed (cuMemUnmap %d, cuMemAddressFree %d)",
+              static_cast<int>(unmapped), static_cast<int>(freed));
     }
   }
   mapped_.clear();

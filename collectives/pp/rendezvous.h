@@ -19,8 +19,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "collectives/pp/fd_channel.h"
@@ -65,32 +67,36 @@ class Inbox {
 std::string channelNameOf(const char* inboxName);
 
 // Describes `data` for the other side: its address, and how another process maps its allocation:
-// legacy CUDA IPC (cudaMalloc), or, where this process has an FdChannel (`haveChannel`), for
-// virtual memory whose allocation allows POSIX descriptors (cuMemCreate, ncclMemAlloc, PyTorch's
-// expandable segments) and that one mapping holds whole, its shareable handle. mappable = 0 for the
-// rest (stream-ordered pools, a buffer across two mappings).
-// deliver() sends such a handle, once per peer and allocation, to the peer's channel `peerChannel`
-// (`poster`: this rank's index on the node, for the key): only a call that came first does, since
-// only then does the peer map the buffer (a descriptor never taken would keep the memory alive).
+// legacy CUDA IPC (cudaMalloc), or, where this process's group can pass descriptors
+// (`haveChannel`), for virtual memory whose allocation allows POSIX descriptors (cuMemCreate,
+// ncclMemAlloc, PyTorch's expandable segments) and that one mapping holds whole, its shareable
+// handle. mappable = 0 for the rest (stream-ordered pools, a buffer across two mappings, a handle
+// the driver would not export). A handle not yet sent to `peerChannel` is exported here, before
+// the call is posted (*exported, owned by the caller; -1 if none): deliver() sends it to the peer
+// if the call comes first (only then does the peer map the buffer: a descriptor never taken would
+// keep the memory alive), and the caller closes it either way. Thread-safe.
 class BufferExporter {
  public:
-  Result describe(const void* data, size_t bytes, bool haveChannel, Posting* out);
-  Result deliver(const void* data, const Posting& mine, FdChannel* channel, const std::string& peerChannel, int poster);
+  Result describe(const void* data, size_t bytes, bool haveChannel, const std::string& peerChannel, Posting* out,
+                  int* exported);
+  Result deliver(const Posting& mine, int exported, FdChannel* channel, const std::string& peerChannel, int poster,
+                 FdChannel::Deadline deadline);
 
  private:
-  std::map<uint64_t, cudaIpcMemHandle_t> handles_;  // by buffer id
-  std::set<std::pair<std::string, uint64_t>> sent_;  // (peer channel, buffer id) whose handle went out
+  std::mutex mutex_;
+  std::map<uint64_t, cudaIpcMemHandle_t> handles_;   // by buffer id
+  std::set<std::pair<std::string, uint64_t>> sent_;  // (peer channel, memory block id) whose handle went out
 };
 
-// The peers' allocations this GPU has mapped, by (peer, buffer id): legacy IPC handles opened, or
+// The peers' allocations this GPU has mapped, by (peer, kind, id): legacy IPC handles opened, or
 // shared virtual-memory handles (taken from this rank's FdChannel) mapped into address ranges of
-// this process with access for this GPU. Closed on destruction, which the owner does only after
-// its transfers are complete.
+// this process with access for this GPU. Like legacy IPC mappings, they keep the peer's memory
+// allocated until closeAll, which the owner calls only after its transfers are complete (at the
+// group's destruction). Thread-safe.
 class BufferImporter {
  public:
   ~BufferImporter();
-  Result map(int peer, const Posting& p, FdChannel* channel, std::chrono::steady_clock::time_point deadline,
-             char** data);
+  Result map(int peer, const Posting& p, FdChannel* channel, FdChannel::Deadline deadline, char** data);
   void closeAll();
 
  private:
@@ -98,7 +104,8 @@ class BufferImporter {
     char* base;
     size_t bytes;  // 0: a legacy IPC mapping; else a reserved, mapped range
   };
-  std::map<std::pair<int, uint64_t>, Mapping> mapped_;
+  std::mutex mutex_;
+  std::map<std::tuple<int, uint32_t, uint64_t>, Mapping> mapped_;
 };
 
 }  // namespace unifab::collectives::pp

@@ -16,14 +16,15 @@ enum PostingKind : uint32_t {
   kNotMappable = 0,  // it cannot: the other side moves the data
   kLegacyIpc = 1,    // `allocation` holds its cudaIpcMemHandle_t
   kSharedHandle = 2  // virtual memory (cuMem): its handle came as a descriptor over the FdChannel,
-                     // keyed by handleKey(poster, bufferId); map `mappingBytes` of it
+                     // keyed by handleKey(poster, bufferId = the physical allocation's memory block
+                     // id); map `mappingBytes` of it
 };
 
 // One side's buffer of a transfer, as the other side needs it.
 struct Posting {
   uint64_t bytes;
   uint64_t address;    // as the posting process addresses it (used by threads of that process)
-  uint64_t bufferId;   // its allocation (CU_POINTER_ATTRIBUTE_BUFFER_ID)
+  uint64_t bufferId;   // its allocation (CU_POINTER_ATTRIBUTE_BUFFER_ID; MEMORY_BLOCK_ID for kSharedHandle)
   uint64_t offset;     // into that allocation
   uint32_t mappable;   // 1: another process can map it (kind != kNotMappable)
   uint32_t kind;       // PostingKind

@@ -308,9 +308,11 @@ UNIFAB_API unifabResult_t unifabEpGetAsyncError(unifabEpGroup_t group);
  * Two engines (UNIFAB_PP_ENGINE):
  * - rendezvous (the default, between two ranks): one copy-engine copy between the two buffers, no
  *   SM on either GPU, made by whichever call is posted second; stream memory operations hand the
- *   transfer over. At least one of the two buffers must be mappable by legacy CUDA IPC
- *   (cudaMalloc'd; not a stream-ordered pool or VMM/ncclMemAlloc memory): a call whose buffer is
- *   not waits on the host for the peer's call and makes the copy itself, so with two unmappable
+ *   transfer over. At least one of the two buffers must be mappable by the peer's process
+ *   (cudaMalloc'd, through legacy CUDA IPC; or cuMem memory allowing POSIX descriptors that one
+ *   mapping holds whole, such as ncclMemAlloc's, its handle passed over a Unix socket; not a
+ *   stream-ordered pool): a call whose buffer is not waits on the host for the peer's call and
+ *   makes the copy itself, so with two unmappable
  *   buffers both hosts wait until UNIFAB_PP_TIMEOUT_MS and return unifabTimeout. At most 64
  *   transfers per direction are in flight: the 65th waits on the host for the oldest to end. A
  *   peer's allocation stays mapped into this process until the group is destroyed (one mapping per

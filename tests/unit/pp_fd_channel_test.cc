@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <memory>
+#include <random>
 #include <string>
 
 #include "collectives/pp/fd_channel.h"
@@ -17,9 +18,14 @@ namespace {
 using unifab::collectives::pp::FdChannel;
 using Clock = std::chrono::steady_clock;
 
+// Abstract socket names are per network namespace, which CI containers may share: the pid and a
+// random token.
 std::string uniqueName(const char* what) {
-  return "unifab-test-" + std::to_string(getpid()) + "-" + what;
+  static const unsigned token = std::random_device{}();
+  return "unifab-test-" + std::to_string(getpid()) + "-" + std::to_string(token) + "-" + what;
 }
+
+FdChannel::Deadline inSeconds(int seconds) { return Clock::now() + std::chrono::seconds(seconds); }
 
 // A pipe's write end sent through the channel writes into the same pipe.
 void expectSamePipe(int readEnd, int writeEnd, char byte) {
@@ -36,8 +42,9 @@ TEST(PpFdChannel, DescriptorsArriveByKeyInAnyOrder) {
   int first[2], second[2];
   ASSERT_EQ(pipe(first), 0);
   ASSERT_EQ(pipe(second), 0);
-  ASSERT_EQ(sender->send(uniqueName("r"), 7, first[1]), unifabSuccess);
-  ASSERT_EQ(sender->send(uniqueName("r"), 9, second[1]), unifabSuccess);
+  ASSERT_EQ(sender->send(uniqueName("r"), 7, first[1], inSeconds(5)), unifabSuccess);
+  ASSERT_EQ(sender->send(uniqueName("r"), 3, -1, inSeconds(5)), unifabSuccess);  // a probe: dropped
+  ASSERT_EQ(sender->send(uniqueName("r"), 9, second[1], inSeconds(5)), unifabSuccess);
   const auto deadline = Clock::now() + std::chrono::seconds(5);
   int took9 = -1, took7 = -1;
   ASSERT_EQ(receiver->take(9, deadline, &took9), unifabSuccess);  // key 7 arrives first and waits
@@ -59,7 +66,7 @@ TEST(PpFdChannel, BetweenProcesses) {
   if (child == 0) {
     std::unique_ptr<FdChannel> sender;
     const bool ok = FdChannel::create(childName, &sender) == unifabSuccess &&
-                    sender->send(parent, 42, channel[1]) == unifabSuccess;
+                    sender->send(parent, 42, channel[1], inSeconds(5)) == unifabSuccess;
     _exit(ok ? 0 : 1);
   }
   int status = 0;
@@ -85,7 +92,11 @@ TEST(PpFdChannel, MissingKeyTimesOutAndMissingPeerFails) {
   EXPECT_EQ(fd, -1);
   int pipeEnds[2];
   ASSERT_EQ(pipe(pipeEnds), 0);
-  EXPECT_EQ(channel->send(uniqueName("nobody"), 1, pipeEnds[1]), unifabSystemError);
+  EXPECT_EQ(channel->send(uniqueName("nobody"), 1, pipeEnds[1], inSeconds(1)), unifabSystemError);
+  int probed = -1;
+  ASSERT_EQ(channel->send(uniqueName("alone"), 5, -1, inSeconds(1)), unifabSuccess);  // to itself
+  EXPECT_EQ(channel->take(5, Clock::now() + std::chrono::milliseconds(50), &probed), unifabTimeout)
+      << "a probe carries no descriptor to take";
   std::unique_ptr<FdChannel> clash;
   EXPECT_EQ(FdChannel::create(uniqueName("alone"), &clash), unifabSystemError) << "one channel per name";
   EXPECT_EQ(FdChannel::create(std::string(FdChannel::kMaxName + 1, 'x'), &clash), unifabInternalError);
