@@ -382,8 +382,10 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
       if (fd >= 0) close(fd);
     }
   } exported;
+  pp::RendezvousEntry& entry = side == pp::kSendSide ? peer.inbox->entry(myIndex_, sequence) : myInbox_->entry(to, sequence);
   if (!peer.sameProcess) {  // threads share addresses
-    UF_CHECK(exporter_.describe(data, bytes, myChannel_ != nullptr, peer.channel, &mine, &exported.fd));
+    const bool mayComeFirst = !pp::postedAlone(entry, sequence, 1 - side);
+    UF_CHECK(exporter_.describe(data, bytes, myChannel_ != nullptr, mayComeFirst, peer.channel, &mine, &exported.fd));
   }
   // A buffer the peer's process cannot map (a stream-ordered pool, a buffer across two cuMem
   // mappings) is moved by this side's copy engine: this call waits for the peer's posting and
@@ -409,7 +411,6 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   UF_CHECK(waitHost([&] { queried = cudaEventQuery(previous); return queried != cudaErrorNotReady; },
                     "the call that used the same flags has not ended"));
   UF_CUDA_CHECK(queried);
-  pp::RendezvousEntry& entry = side == pp::kSendSide ? peer.inbox->entry(myIndex_, sequence) : myInbox_->entry(to, sequence);
   pp::Arrival arrival = pp::Arrival::kBusy;
   pp::Posting first{};  // the other side's posting, when this call is second
   UF_CHECK(waitHost([&] { arrival = pp::arrive(entry, sequence, pp::Inbox::kRing, side, mine, &first, mayBeFirst);

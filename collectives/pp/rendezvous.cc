@@ -137,8 +137,8 @@ Result driverCheck(CUresult result, const char* call) {
 
 }  // namespace
 
-Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel, const std::string& peerChannel,
-                                Posting* out, int* exported) {
+Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel, bool mayComeFirst,
+                                const std::string& peerChannel, Posting* out, int* exported) {
   *out = Posting{};
   *exported = -1;
   out->bytes = bytes;
@@ -192,7 +192,7 @@ Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel
       mappingBase == 0 || at < mappingBase || at - mappingBase > mappingBytes || bytes > mappingBytes - (at - mappingBase)) {
     return unifabSuccess;
   }
-  if (sent_.count(std::make_pair(peerChannel, static_cast<uint64_t>(blockId))) == 0) {
+  if (mayComeFirst && sent_.count(std::make_pair(peerChannel, static_cast<uint64_t>(blockId))) == 0) {
     CUmemGenericAllocationHandle handle = 0;
     if (vmm.retainAllocationHandle(&handle, const_cast<void*>(data)) != CUDA_SUCCESS) return unifabSuccess;
     int fd = -1;

@@ -72,13 +72,15 @@ std::string channelNameOf(const char* inboxName);
 // ncclMemAlloc, PyTorch's expandable segments) and that one mapping holds whole, its shareable
 // handle. mappable = 0 for the rest (stream-ordered pools, a buffer across two mappings, a handle
 // the driver would not export). A handle not yet sent to `peerChannel` is exported here, before
-// the call is posted (*exported, owned by the caller; -1 if none): deliver() sends it to the peer
-// if the call comes first (only then does the peer map the buffer: a descriptor never taken would
-// keep the memory alive), and the caller closes it either way. Thread-safe.
+// the call is posted (*exported, owned by the caller; -1 if none), unless `mayComeFirst` is false
+// (the peer has posted already, so this call comes second and its handle is never sent: exporting
+// one per call costs the driver a descriptor each time): deliver() sends it to the peer if the
+// call comes first (only then does the peer map the buffer: a descriptor never taken would keep
+// the memory alive), and the caller closes it either way. Thread-safe.
 class BufferExporter {
  public:
-  Result describe(const void* data, size_t bytes, bool haveChannel, const std::string& peerChannel, Posting* out,
-                  int* exported);
+  Result describe(const void* data, size_t bytes, bool haveChannel, bool mayComeFirst, const std::string& peerChannel,
+                  Posting* out, int* exported);
   Result deliver(const Posting& mine, int exported, FdChannel* channel, const std::string& peerChannel, int poster,
                  FdChannel::Deadline deadline);
 

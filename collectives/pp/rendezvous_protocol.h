@@ -81,6 +81,12 @@ inline Arrival arrive(RendezvousEntry& entry, uint64_t sequence, uint64_t ring, 
   return Arrival::kBusy;
 }
 
+// Whether `side` alone has posted transfer `sequence` in `entry`: then the other side will come
+// second, whatever it does meanwhile (a posting is never withdrawn).
+inline bool postedAlone(const RendezvousEntry& entry, uint64_t sequence, int side) {
+  return entry.state.load(std::memory_order_acquire) == sequence * 4 + (uint64_t{1} << side);
+}
+
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the rendezvous state is shared between processes");
 
 }  // namespace unifab::collectives::pp

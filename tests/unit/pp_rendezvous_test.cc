@@ -15,6 +15,7 @@ using unifab::collectives::pp::arrive;
 using unifab::collectives::pp::kRecvSide;
 using unifab::collectives::pp::kSendSide;
 using unifab::collectives::pp::Posting;
+using unifab::collectives::pp::postedAlone;
 using unifab::collectives::pp::RendezvousEntry;
 
 Posting posting(uint64_t sequence, int side) {
@@ -37,6 +38,20 @@ TEST(PpRendezvous, FirstThenSecond) {
   EXPECT_EQ(arrive(entry, 9, 4, kRecvSide, posting(9, kRecvSide), &theirs), Arrival::kBusy);
   EXPECT_EQ(arrive(entry, 5, 4, kRecvSide, posting(5, kRecvSide), &theirs), Arrival::kSecond);
   EXPECT_EQ(theirs.bytes, posting(5, kSendSide).bytes);
+}
+
+// postedAlone tells a side that it will come second (so it need not prepare to be read): only
+// while the other side alone holds this very transfer, not an older one on the same entry.
+TEST(PpRendezvous, PostedAloneOnlyForThisTransfer) {
+  RendezvousEntry entry{};
+  Posting theirs{};
+  EXPECT_FALSE(postedAlone(entry, 1, kRecvSide));
+  EXPECT_EQ(arrive(entry, 1, 4, kRecvSide, posting(1, kRecvSide), &theirs), Arrival::kFirst);
+  EXPECT_TRUE(postedAlone(entry, 1, kRecvSide));
+  EXPECT_FALSE(postedAlone(entry, 1, kSendSide));
+  EXPECT_FALSE(postedAlone(entry, 5, kRecvSide));  // transfer 5 shares the entry (ring 4)
+  EXPECT_EQ(arrive(entry, 1, 4, kSendSide, posting(1, kSendSide), &theirs), Arrival::kSecond);
+  EXPECT_FALSE(postedAlone(entry, 1, kRecvSide));  // met: both sides have posted
 }
 
 // A side whose buffer the other cannot map waits for the other's posting and comes second, even
