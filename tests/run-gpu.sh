@@ -259,8 +259,10 @@ for step in $steps; do
     # medians over many repetitions and prints each tool's fastest next to them.
     nccl_tests_setup || continue
     # 5 repetitions for the GPU-bound rows, 10 for the host-bound ones (PP up to 4 MiB, Engram's
-    # copy engine), whose medians need them (docs/benchmarks/nccl-tests.md); ~6-8 minutes in all.
-    # unifab-bench engram runs the compared engine alone (--engines).
+    # copy engine), whose medians need them (docs/benchmarks/nccl-tests.md); ~4.5 minutes in all.
+    # unifab-bench pp and engram run the compared engine alone (--engines): in call 3 of the fifteenth
+    # session unifab-bench pp, timing NCCL and the copy engine in the same process, ran 6-12 % slower
+    # than nccl-tests at every size to 4 MiB (medians of 10; the fastest runs 1-5 %).
     reps=${UNIFAB_NTCOMPARE_REPS:-5}
     host_reps=${UNIFAB_NTCOMPARE_HOST_REPS:-10}
     # Across processes PP runs on the slots engine (nccl-tests' ncclMemAlloc buffers; see nccltests).
@@ -285,11 +287,11 @@ for step in $steps; do
     for rep in $(seq 1 "$(( reps > host_reps ? reps : host_reps ))"); do
       if wants pp-short && [ "$rep" -le "$host_reps" ]; then
         cmp_nt "pp.short.rep$rep" "${pp[@]}" UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 4M -f 4 -c 0 -n 200 -w 20
-        cmp_bench "pp.short.rep$rep" "${pp[@]}" pp --min 4K --max 4M --factor 4 --iters 5 --warmup 3 --b2b 200
+        cmp_bench "pp.short.rep$rep" "${pp[@]}" pp --min 4K --max 4M --factor 4 --iters 5 --warmup 3 --b2b 200 --engines unifab
       fi
       if wants pp-long && [ "$rep" -le "$reps" ]; then
         cmp_nt "pp.long.rep$rep" "${pp[@]}" UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 16M -e 1G -f 4 -c 0 -n 20 -w 3
-        cmp_bench "pp.long.rep$rep" "${pp[@]}" pp --min 16M --max 1G --factor 4 --iters 5 --warmup 3
+        cmp_bench "pp.long.rep$rep" "${pp[@]}" pp --min 16M --max 1G --factor 4 --iters 5 --warmup 3 --engines unifab
       fi
       if wants engram && [ "$rep" -le "$reps" ]; then
         for row in 4096 14336; do  # the gather kernel on 4 SMs, what these rows are measured on

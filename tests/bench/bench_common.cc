@@ -3,7 +3,9 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <sstream>
 
 #include <cuda_runtime_api.h>
 
@@ -91,6 +93,17 @@ bool parseBackToBack(Args& args, const char* command) {
 bool opSelected(const std::string& ops, const char* op) {
   if (ops.empty()) return true;
   return ("," + ops + ",").find("," + std::string(op) + ",") != std::string::npos;
+}
+
+bool listWithin(const std::string& list, const char* allowed, const char* command, const char* option) {
+  std::stringstream items(list);
+  for (std::string item; std::getline(items, item, ',');) {
+    if (item.empty() || !opSelected(allowed, item.c_str())) {
+      fprintf(stderr, "unifab-bench %s: %s is a list of %s (got '%s')\n", command, option, allowed, item.c_str());
+      return false;
+    }
+  }
+  return true;
 }
 
 std::string formatBytes(size_t bytes) {

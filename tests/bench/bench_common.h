@@ -24,6 +24,9 @@ std::string formatBytes(size_t bytes);
 
 // Whether `op` is in the comma-separated `ops` of an --ops option (empty: every op).
 bool opSelected(const std::string& ops, const char* op);
+// Whether every item of the comma-separated `list` given to `command`'s `option` is one of
+// `allowed` (comma-separated); if not, says so on stderr, naming the allowed ones.
+bool listWithin(const std::string& list, const char* allowed, const char* command, const char* option);
 // Calls per back-to-back run of the ep, pp and engram benchmarks (20 unless --b2b set it).
 int backToBackCalls();
 // Reads `--b2b N` (1..100000) into backToBackCalls(); false, with a message naming the option and

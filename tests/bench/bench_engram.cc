@@ -192,16 +192,7 @@ int runEngram(Args& args, const char* self) {
   run.warmup = atoi(args.value("--warmup", "3").c_str());
   run.csv = args.value("--csv", "");
   run.engines = args.value("--engines", "");
-  {
-    std::stringstream engines(run.engines);
-    for (std::string engine; std::getline(engines, engine, ',');) {
-      if (engine != "gather" && engine != "plain" && engine != "copy" && engine != "raw") {
-        fprintf(stderr, "unifab-bench engram: --engines is a list of gather, plain, copy, raw (got '%s')\n",
-                engine.c_str());
-        return 2;
-      }
-    }
-  }
+  if (!listWithin(run.engines, "gather,plain,copy,raw", "engram", "--engines")) return 2;
   if (!parseBackToBack(args, "engram")) return 2;
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench engram: unknown argument '%s'\n", args.leftovers()[0].c_str());

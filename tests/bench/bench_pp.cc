@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -25,7 +27,28 @@ struct PpRun {
   size_t chunkBytes;
   int chunksInFlight;
   std::string csv;
+  std::string engines;  // comma-separated subset of unifab,nccl,copy; empty: all
+  bool wants(const char* engine) const { return opSelected(engines, engine); }
 };
+
+// A time column and its bandwidth, or dashes for an engine not run (NaN).
+std::string timeAndRate(double us, size_t bytes, int width) {
+  char text[64];
+  if (std::isnan(us)) {
+    snprintf(text, sizeof(text), " %*s %10s", width, "-", "-");
+  } else {
+    snprintf(text, sizeof(text), " %*.1f %10.1f", width, us, static_cast<double>(bytes) / (us * 1e3));
+  }
+  return text;
+}
+
+// A CSV field: empty for an engine not run.
+std::string csvField(double value) {
+  if (std::isnan(value)) return "";
+  char text[32];
+  snprintf(text, sizeof(text), "%.2f", value);
+  return text;
+}
 
 bool runPpRank(const PpRun& run, const test::RankEnvironment& env) {
   test::NcclSession session;
@@ -57,7 +80,9 @@ bool runPpRank(const PpRun& run, const test::RankEnvironment& env) {
   };
   std::vector<Row> rows;
   for (size_t bytes = run.minBytes; bytes <= run.maxBytes; bytes *= run.factor) {
-    Row row{bytes, {}, {}, 0};
+    OpTimes notRun;
+    notRun.us = notRun.backToBackUs = std::nan("");
+    Row row{bytes, notRun, notRun, std::nan("")};
     auto pp = [&] {
       const unifabResult_t r = sender ? unifabPpSend(group, buffer, bytes, 1, session.stream())
                                       : unifabPpRecv(group, buffer, bytes, 0, session.stream());
@@ -68,12 +93,17 @@ bool runPpRank(const PpRun& run, const test::RankEnvironment& env) {
                                     : ncclRecv(buffer, bytes, ncclChar, 0, session.comm(), session.stream());
       return r == ncclSuccess;
     };
-    if (!timeOp(session, timer, run.iters, run.warmup, pp, &row.unifab)) return false;
-    if (!timeOp(session, timer, run.iters, run.warmup, nccl, &row.nccl)) return false;
-    // The copy engine's contiguous peer copy of the same bytes (both ranks push at once).
-    CopyCeiling ceiling;
-    if (!measureCopyCeiling(session, bytes, 0, std::max<size_t>(bytes, 16), 0, run.iters, timer.flush, timer.flushBytes, &ceiling)) return false;
-    row.copyEngineUs = ceiling.copyEngineUs;
+    if (run.wants("unifab") && !timeOp(session, timer, run.iters, run.warmup, pp, &row.unifab)) return false;
+    if (run.wants("nccl") && !timeOp(session, timer, run.iters, run.warmup, nccl, &row.nccl)) return false;
+    if (run.wants("copy")) {
+      // The copy engine's contiguous peer copy of the same bytes (both ranks push at once).
+      CopyCeiling ceiling;
+      if (!measureCopyCeiling(session, bytes, 0, std::max<size_t>(bytes, 16), 0, run.iters, timer.flush,
+                              timer.flushBytes, &ceiling)) {
+        return false;
+      }
+      row.copyEngineUs = ceiling.copyEngineUs;
+    }
     rows.push_back(row);
   }
   if (unifabPpGetAsyncError(group) != unifabSuccess) {
@@ -91,11 +121,10 @@ bool runPpRank(const PpRun& run, const test::RankEnvironment& env) {
     printf("# %12s %12s %10s %12s %10s %12s %10s %12s %10s %12s %10s\n", "bytes", "unifab(us)", "GB/s", "nccl(us)",
            "GB/s", "copy eng(us)", "GB/s", "unifab b2b", "GB/s", "nccl b2b", "GB/s");
     for (const Row& r : rows) {
-      const double b = static_cast<double>(r.bytes);
-      printf("  %12zu %12.1f %10.1f %12.1f %10.1f %12.1f %10.1f %12.1f %10.1f %12.1f %10.1f\n", r.bytes, r.unifab.us,
-             b / (r.unifab.us * 1e3), r.nccl.us, b / (r.nccl.us * 1e3), r.copyEngineUs, b / (r.copyEngineUs * 1e3),
-             r.unifab.backToBackUs, b / (r.unifab.backToBackUs * 1e3), r.nccl.backToBackUs,
-             b / (r.nccl.backToBackUs * 1e3));
+      printf("  %12zu%s%s%s%s%s\n", r.bytes, timeAndRate(r.unifab.us, r.bytes, 12).c_str(),
+             timeAndRate(r.nccl.us, r.bytes, 12).c_str(), timeAndRate(r.copyEngineUs, r.bytes, 12).c_str(),
+             timeAndRate(r.unifab.backToBackUs, r.bytes, 12).c_str(),
+             timeAndRate(r.nccl.backToBackUs, r.bytes, 12).c_str());
     }
     if (!run.csv.empty()) {
       FILE* f = fopen(run.csv.c_str(), "w");
@@ -103,9 +132,11 @@ bool runPpRank(const PpRun& run, const test::RankEnvironment& env) {
         fprintf(f, "bytes,unifab_us,unifab_gbs,nccl_us,nccl_gbs,copy_engine_us,copy_engine_gbs,unifab_b2b_us,nccl_b2b_us\n");
         for (const Row& r : rows) {
           const double b = static_cast<double>(r.bytes);
-          fprintf(f, "%zu,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n", r.bytes, r.unifab.us, b / (r.unifab.us * 1e3),
-                  r.nccl.us, b / (r.nccl.us * 1e3), r.copyEngineUs, b / (r.copyEngineUs * 1e3), r.unifab.backToBackUs,
-                  r.nccl.backToBackUs);
+          fprintf(f, "%zu,%s,%s,%s,%s,%s,%s,%s,%s\n", r.bytes, csvField(r.unifab.us).c_str(),
+                  csvField(b / (r.unifab.us * 1e3)).c_str(), csvField(r.nccl.us).c_str(),
+                  csvField(b / (r.nccl.us * 1e3)).c_str(), csvField(r.copyEngineUs).c_str(),
+                  csvField(b / (r.copyEngineUs * 1e3)).c_str(), csvField(r.unifab.backToBackUs).c_str(),
+                  csvField(r.nccl.backToBackUs).c_str());
         }
         fclose(f);
       }
@@ -128,6 +159,8 @@ int runPp(Args& args, const char* self) {
   run.chunkBytes = parseBytes(args.value("--chunk", "0"));
   run.chunksInFlight = atoi(args.value("--inflight", "0").c_str());
   run.csv = args.value("--csv", "");
+  run.engines = args.value("--engines", "");
+  if (!listWithin(run.engines, "unifab,nccl,copy", "pp", "--engines")) return 2;
   if (!parseBackToBack(args, "pp")) return 2;
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench pp: unknown argument '%s'\n", args.leftovers()[0].c_str());

@@ -37,6 +37,7 @@ void usage() {
       "        with NCCL's send/recv; kernel times (default 1): a second pass timing the calls' kernels alone with CUPTI;\n"
       "        floor (named only): one token handed to the peer by a one-block kernel per GPU, the protocol's floor\n"
       "  pp    --min BYTES --max BYTES --factor F --chunk BYTES --inflight N --iters N [--csv FILE]\n"
+      "        [--engines unifab,nccl,copy]\n"
       "        pipeline send/recv rank 0 -> 1 (no SM), with ncclSend/ncclRecv and the copy engine\n"
       "  engram --rows LIST --fetch BYTES --iters N [--csv FILE] [--engines gather,plain,copy,raw]\n"
       "        Engram fetches of random peer rows per engine and SM count, against a plain gather kernel\n"
