@@ -19,7 +19,8 @@
 # UNIFAB_SANITIZE_LIMIT_S bounds each compute-sanitizer run (default 150 s), UNIFAB_SANITIZE_TESTS
 # picks the EP tests it runs under (default: ht ll). nccltests needs
 # nccl-tests v2.19.6 in NCCL_TESTS_SRC (default: .nccl-tests-src, an ignored folder to `carry`),
-# as does ntcompare (UNIFAB_NTCOMPARE_REPS, UNIFAB_NTCOMPARE_HOST_REPS, UNIFAB_NTCOMPARE_TESTS: see the step).
+# as does ntcompare (UNIFAB_NTCOMPARE_REPS, UNIFAB_NTCOMPARE_HOST_REPS, UNIFAB_NTCOMPARE_TESTS,
+# UNIFAB_NTCOMPARE_CPUS: see the step).
 # The machines are shared virtual machines whose loopback TCP speed changes from minute to
 # minute, so every comparison runs its contenders interleaved, several times, and reports the
 # median over the repetitions.
@@ -269,15 +270,27 @@ for step in $steps; do
     pp_engine=rendezvous
     [ -n "$mpi_home" ] && pp_engine=slots
     say "== nccl-tests against unifab-bench, interleaved, $reps repetitions ($host_reps for the host-bound rows; ${launch[*]:-threads}; PP engine $pp_engine)"
+    # UNIFAB_NTCOMPARE_CPUS (CPU numbers, comma-separated): rank r of both tools runs on the r-th
+    # (unifab-launch's UNIFAB_RANK_CPUS; tests/bench/bind_rank.sh under MPI), to see whether the
+    # host-bound rows' spread between processes is where their threads land.
+    cpus_env=() bind=()
+    if [ -n "${UNIFAB_NTCOMPARE_CPUS:-}" ]; then
+      cpus_env=(UNIFAB_RANK_CPUS="$UNIFAB_NTCOMPARE_CPUS")
+      [ ${#launch[@]} -gt 0 ] && bind=("$here/tests/bench/bind_rank.sh")
+      say "# both tools' rank r on CPU r of $UNIFAB_NTCOMPARE_CPUS"
+    fi
     cmp_nt() {  # LABEL [NAME=VALUE]... BINARY ARGS...
       local label=$1; shift
-      logged "$logs/nt-cmp-$label.txt" "${launch[@]}" env "$@" -N 5 -a 3 "${per_rank[@]}"
+      local envs=()
+      while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
+      logged "$logs/nt-cmp-$label.txt" "${launch[@]}" env ${cpus_env[@]+"${cpus_env[@]}"} "${envs[@]}" \
+        ${bind[@]+"${bind[@]}"} "$@" -N 5 -a 3 "${per_rank[@]}"
     }
     cmp_bench() {  # LABEL [NAME=VALUE]... SUBCOMMAND ARGS... (of unifab-bench)
       local label=$1; shift
       local envs=()
       while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
-      logged "$logs/cmp-$label.txt" env "${envs[@]}" "$bench" "$@" --csv "$logs/cmp-$label.csv"
+      logged "$logs/cmp-$label.txt" env ${cpus_env[@]+"${cpus_env[@]}"} "${envs[@]}" "$bench" "$@" --csv "$logs/cmp-$label.csv"
     }
     pp=(UNIFAB_PP_ENGINE=$pp_engine)
     # UNIFAB_NTCOMPARE_TESTS: a subset of "pp-short pp-long engram engram-ce moe" (default all);

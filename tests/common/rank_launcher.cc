@@ -2,16 +2,19 @@
 
 #include "tests/common/test_util.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 namespace unifab::test {
@@ -54,9 +57,31 @@ void stopAll(std::vector<pid_t>& pids) {
   }
 }
 
+// UNIFAB_RANK_CPUS: a comma-separated list of CPU numbers; rank r runs on the list's r-th (cycled).
+// Processes of two tools timed against each other then run on the same CPUs, rank by rank.
+bool rankCpus(std::vector<int>* cpus) {
+  cpus->clear();
+  const char* text = getenv("UNIFAB_RANK_CPUS");
+  if (text == nullptr || *text == '\0') return true;
+  std::stringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
+    char* end = nullptr;
+    const long cpu = strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || cpu < 0 || cpu >= CPU_SETSIZE) {
+      fprintf(stderr, "UNIFAB_RANK_CPUS='%s': '%s' is not a CPU number in 0..%d\n", text, item.c_str(),
+              CPU_SETSIZE - 1);
+      return false;
+    }
+    cpus->push_back(static_cast<int>(cpu));
+  }
+  return true;
+}
+
 }  // namespace
 
 int launchRanks(const LaunchOptions& options, const std::vector<std::string>& argv) {
+  std::vector<int> cpus;
+  if (!rankCpus(&cpus)) return 2;
   char dirTemplate[] = "/tmp/unifab-ranks-XXXXXX";
   if (mkdtemp(dirTemplate) == nullptr) {
     perror("mkdtemp");
@@ -80,6 +105,16 @@ int launchRanks(const LaunchOptions& options, const std::vector<std::string>& ar
         size_t eq = assignment.find('=');
         if (eq == std::string::npos) continue;
         setenv(assignment.substr(0, eq).c_str(), substituteRank(assignment.substr(eq + 1), rank).c_str(), 1);
+      }
+      if (!cpus.empty()) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        const int cpu = cpus[static_cast<size_t>(rank) % cpus.size()];
+        CPU_SET(cpu, &set);
+        if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+          fprintf(stderr, "rank %d: cannot run on CPU %d (UNIFAB_RANK_CPUS): %s\n", rank, cpu, strerror(errno));
+          _exit(126);
+        }
       }
       std::vector<char*> args;
       for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
