@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
 
 #include <cuda_runtime_api.h>
 
 #include "tests/common/rank_launcher.h"
+#include "tests/common/test_util.h"
 #include "unifab/unifab.h"
 
 namespace unifab::bench {
@@ -96,8 +96,7 @@ bool opSelected(const std::string& ops, const char* op) {
 }
 
 bool listWithin(const std::string& list, const char* allowed, const char* command, const char* option) {
-  std::stringstream items(list);
-  for (std::string item; std::getline(items, item, ',');) {
+  for (const std::string& item : test::commaItems(list)) {
     if (item.empty() || !opSelected(allowed, item.c_str())) {
       fprintf(stderr, "unifab-bench %s: %s is a list of %s (got '%s')\n", command, option, allowed, item.c_str());
       return false;

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -185,8 +184,9 @@ bool runEngramRank(const EngramRun& run, const test::RankEnvironment& env) {
 
 int runEngram(Args& args, const char* self) {
   EngramRun run;
-  std::stringstream list(args.value("--rows", "256,1K,4K,14K,64K"));
-  for (std::string item; std::getline(list, item, ',');) run.rowSizes.push_back(parseBytes(item));
+  for (const std::string& item : test::commaItems(args.value("--rows", "256,1K,4K,14K,64K"))) {
+    run.rowSizes.push_back(parseBytes(item));
+  }
   run.fetchBytes = parseBytes(args.value("--fetch", "64M"));
   run.iters = atoi(args.value("--iters", "20").c_str());
   run.warmup = atoi(args.value("--warmup", "3").c_str());

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -320,8 +319,9 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
 
 int runEpLowLatency(Args& args, const char* self) {
   LlRun run;
-  std::stringstream list(args.value("--tokens", "1,32,128"));
-  for (std::string item; std::getline(list, item, ',');) run.tokens.push_back(atoi(item.c_str()));
+  for (const std::string& item : test::commaItems(args.value("--tokens", "1,32,128"))) {
+    run.tokens.push_back(atoi(item.c_str()));
+  }
   run.hidden = atoi(args.value("--hidden", "7168").c_str());
   run.topk = atoi(args.value("--topk", "8").c_str());
   run.experts = atoi(args.value("--experts", "256").c_str());

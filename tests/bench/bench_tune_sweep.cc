@@ -34,6 +34,7 @@
 #include "tests/bench/bench_common.h"
 #include "tests/common/device_data.h"
 #include "tests/common/rank_launcher.h"
+#include "tests/common/test_util.h"
 
 namespace unifab::bench {
 namespace {
@@ -48,8 +49,7 @@ struct Config {
 
 std::vector<std::string> split(const std::string& text) {
   std::vector<std::string> items;
-  std::stringstream list(text);
-  for (std::string item; std::getline(list, item, ',');) {
+  for (const std::string& item : test::commaItems(text)) {
     if (!item.empty()) items.push_back(item);
   }
   return items;

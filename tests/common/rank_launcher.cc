@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <thread>
 
 namespace unifab::test {
@@ -63,8 +62,7 @@ bool rankCpus(std::vector<int>* cpus) {
   cpus->clear();
   const char* text = getenv("UNIFAB_RANK_CPUS");
   if (text == nullptr || *text == '\0') return true;
-  std::stringstream items(text);
-  for (std::string item; std::getline(items, item, ',');) {
+  for (const std::string& item : commaItems(text)) {
     char* end = nullptr;
     const long cpu = strtol(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || cpu < 0 || cpu >= CPU_SETSIZE) {

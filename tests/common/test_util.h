@@ -1,8 +1,12 @@
-// Small helpers every test family uses: a hash for reproducible data and a monotonic clock.
+// Small helpers every test family uses: a hash for reproducible data, a monotonic clock, and the
+// items of a comma-separated list (options and environment variables).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #if defined(__CUDACC__)
 #define UNIFAB_TEST_HD __host__ __device__ __forceinline__
@@ -24,6 +28,15 @@ UNIFAB_TEST_HD uint64_t mix64(uint64_t x) {
 // Seconds on the steady clock, for deadlines.
 inline double nowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The comma-separated items of `text`, empty ones kept ("a,,b" has three; "" has none), so that a
+// caller can refuse them.
+inline std::vector<std::string> commaItems(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream list(text);
+  for (std::string item; std::getline(list, item, ',');) items.push_back(item);
+  return items;
 }
 
 }  // namespace unifab::test
