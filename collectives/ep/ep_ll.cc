@@ -242,7 +242,8 @@ Result unifabEpGroup::lowLatencyDispatch(const unifabEpLowLatencyDispatchArgs_t&
   input.topkWeights = a.topkWeights;
   input.fp8 = h->fp8;
   input.ue8m0 = a.ue8m0Scales != 0;
-  const int items = std::max(send ? h->numTokens * parts : 0, receive ? v.nRanks * v.maxTokens * parts : 0);
+  // A send warp per message part and per bitmap word (kernels/ep/ll.cu: dispatchMessageItems).
+  const int items = std::max(send ? h->numTokens * parts + v.layout.bitWords : 0, receive ? v.nRanks * v.maxTokens * parts : 0);
   const int blocks = unifab::tuner::epLowLatencyBlocks(items, kep::kLlWarpsPerBlock, smsFor(a.numSms));
   UF_CUDA_CHECK(kep::launchLlDispatch(v, input, h->set, send, receive, blocks, stream));
   if (send) {

@@ -296,9 +296,21 @@ __device__ __forceinline__ void loadPart(const LlView& g, const LlDispatchInput&
   part.weight = lane < g.topk && in.topkWeights != nullptr ? in.topkWeights[static_cast<size_t>(t) * g.topk + lane] : 1.0f;
 }
 
-// The send phase of the warp `warp` of `warps`. `partSeen` and `bitsSeen` (loadPartReleased,
-// loadBitsReleased), `bitmapMask` (its lane's tokenRankMask if warp < bitWords) and `part` (its
-// first item's loadPart) were loaded with the epochs.
+// The send phase's items: the message parts (token * parts + part), then the bitmap words, so that
+// while the grid has a warp for each, no part's warp first stores and checks a bitmap word (the
+// receiver needs both; a word's warp has nothing to load but the token's top-k entries).
+__device__ __forceinline__ int dispatchMessageItems(const LlView& g, const LlDispatchInput& in) {
+  return in.numTokens * llParts(g.hidden);
+}
+// The first bitmap word of warp `warp` of `warps` (>= bitWords: none).
+__device__ __forceinline__ int firstBitWord(int messageItems, int warp, int warps) {
+  const int item = warp >= messageItems ? warp : warp + (messageItems - warp + warps - 1) / warps * warps;
+  return item - messageItems;
+}
+
+// The send phase of the warp `warp` of `warps`. `partSeen` and `part` (loadPartReleased, loadPart:
+// its first item's if that is a part), `bitsSeen` and `bitmapMask` (loadBitsReleased,
+// tokenRankMask: its first item's if that is a bitmap word) were loaded with the epochs.
 __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set, const LlEpochs& e, int warp, int warps,
                              uint64_t partSeen, uint64_t bitsSeen, uint64_t bitmapMask, PartInput& part,
                              LlWarpStamps& stamps) {
@@ -324,29 +336,12 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   const LlSetLocal& local = g.sets[set];
   const size_t bitsOffset = setOffset(g, set) + g.layout.tokenBits;
 
-  // What each rank should expect: one tagged bitmap word per 32 tokens (all of maxTokens, so
-  // that a receiver need not know how many tokens this rank has).
-  for (int c = warp; c < g.layout.bitWords; c += warps) {
-    const int t = c * kWarp + lane;
-    // A later word's release words are loaded with its token's entries.
-    const uint64_t seen = c == warp ? bitsSeen : loadBitsReleased(g, set, c, lane);
-    const uint64_t mask = c == warp ? bitmapMask : tokenRankMask(g, in, t);
-    if (t < g.maxTokens) local.tokenRanks[t] = mask;
-    if (!bitsFree(c, seen)) return;
-    for (int d = 0; d < g.nRanks; ++d) {
-      const unsigned bits = __ballot_sync(0xffffffff, (mask >> d) & 1ULL);
-      if (lane == d % kWarp) {
-        uint64_t* word = reinterpret_cast<uint64_t*>(at(g, d, bitsOffset)) + static_cast<size_t>(g.rank) * g.layout.bitWords + c;
-        storeRelaxed(word, countWord(e.send, static_cast<int>(bits)));
-      }
-    }
-  }
-
   // Message parts: one warp per (token, part).
   const int parts = llParts(g.hidden);
+  const int messageItems = dispatchMessageItems(g, in);
   // This rank's receive phase counts rows into the set's recvCount, which holds the counts of the
   // set's previous dispatch (the caller's until this call) until the grid's last warp clears it,
-  // after its own items: it has none unless the parts or bitmap words reach 16 x gridDim.x (a
+  // after its own items: it has none unless the parts and bitmap words reach 16 x gridDim.x (a
   // kernel capped at the GPU's SMs, or a send-only one).
   const auto clearCounts = [&] {
     if (warp != warps - 1) return;
@@ -357,7 +352,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
       storeRelaxed(&g.counters->countsCleared[set], e.send);
     }
   };
-  for (int item = warp; item < in.numTokens * parts; item += warps) {
+  for (int item = warp; item < messageItems; item += warps) {
     const int t = item / parts, p = item % parts;
     // A later item's release words are loaded with its inputs, in one round trip.
     const uint64_t seen = item == warp ? partSeen : loadPartReleased(g, set, t, lane);
@@ -419,6 +414,25 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
       for (uint64_t m = ranks; m != 0; m &= m - 1) {
         const int d = __ffsll(static_cast<long long>(m)) - 1;
         storeRelaxed(reinterpret_cast<uint64_t*>(messageAt(g, d, set, g.rank, t) + g.layout.tagsOffset) + p, e.send);
+      }
+    }
+  }
+
+  // What each rank should expect: one tagged bitmap word per 32 tokens (all of maxTokens, so
+  // that a receiver need not know how many tokens this rank has).
+  const int preloadedWord = warp >= messageItems ? warp - messageItems : -1;
+  for (int c = firstBitWord(messageItems, warp, warps); c < g.layout.bitWords; c += warps) {
+    const int t = c * kWarp + lane;
+    // A later word's release words are loaded with its token's entries.
+    const uint64_t seen = c == preloadedWord ? bitsSeen : loadBitsReleased(g, set, c, lane);
+    const uint64_t mask = c == preloadedWord ? bitmapMask : tokenRankMask(g, in, t);
+    if (t < g.maxTokens) local.tokenRanks[t] = mask;
+    if (!bitsFree(c, seen)) return;
+    for (int d = 0; d < g.nRanks; ++d) {
+      const unsigned bits = __ballot_sync(0xffffffff, (mask >> d) & 1ULL);
+      if (lane == d % kWarp) {
+        uint64_t* word = reinterpret_cast<uint64_t*>(at(g, d, bitsOffset)) + static_cast<size_t>(g.rank) * g.layout.bitWords + c;
+        storeRelaxed(word, countWord(e.send, static_cast<int>(bits)));
       }
     }
   }
@@ -538,14 +552,14 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
   const uint64_t startWord = loadStartWord(g, counters, set, lane);
   uint64_t partSeen = 0, bitsSeen = 0, bitmapMask = 0;
   PartInput part;
+  const int messageItems = dispatchMessageItems(g, in);
   if (send) {
-    if (warp < in.numTokens * llParts(g.hidden)) {
+    if (warp < messageItems) {
       partSeen = loadPartReleased(g, set, warp / llParts(g.hidden), lane);
       loadPart(g, in, warp, lane, part);
-    }
-    if (warp < g.layout.bitWords) {
-      bitsSeen = loadBitsReleased(g, set, warp, lane);
-      bitmapMask = tokenRankMask(g, in, warp * kWarp + lane);
+    } else if (warp - messageItems < g.layout.bitWords) {
+      bitsSeen = loadBitsReleased(g, set, warp - messageItems, lane);
+      bitmapMask = tokenRankMask(g, in, (warp - messageItems) * kWarp + lane);
     }
   }
   const LlEpochs e = epochsOf(startWord);
@@ -554,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
   if (receive) receiveCounted(g, counters, e.receive);
   if (send) {
     dispatchSend(g, in, set, e, warp, warps, partSeen, bitsSeen, bitmapMask, part, stamps);
-    if (warp < max(g.layout.bitWords, in.numTokens * llParts(g.hidden))) stamps.sent = traceNow(g);
+    if (warp < messageItems + g.layout.bitWords) stamps.sent = traceNow(g);
     sendCounted(g, counters, set, e.send);
   }
   if (receive) dispatchReceive(g, in, set, e.receive, stamps);
