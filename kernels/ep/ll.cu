@@ -144,12 +144,15 @@ __device__ __forceinline__ void receiveCounted(const LlView& g, LlOpCounters* c,
   }
 }
 
-// Release words (LlLayout::released) in rank `rank`'s window: dispatch slot (source, t) of `set`,
-// and combine part p of token t of `set`. The receiver stores them into its own memory once it has
-// read the slot; a sender reads them across NVLink before it writes into the slot again.
-__device__ __forceinline__ uint64_t* dispatchReleased(const LlView& g, int rank, int set, int source, int t) {
-  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.released)) +
-         (static_cast<size_t>(set) * g.nRanks + source) * g.maxTokens + t;
+// Release words (LlLayout::released). Dispatch: in the sender's window (rank `sender`), for its slot
+// of token t in receiver `receiver`'s `set`; the receiver stores it across NVLink once it has read
+// the slot, so that the sender's check before writing the slot again is a load from its own memory
+// (the sender checks every slot of a call, on its critical path; the receiver's store is the last
+// thing its warp does with the slot). Combine: part p of token t of `set` in the receiver's own
+// window (rank `rank`), read by the sender across NVLink.
+__device__ __forceinline__ uint64_t* dispatchReleased(const LlView& g, int sender, int set, int receiver, int t) {
+  return reinterpret_cast<uint64_t*>(at(g, sender, g.layout.released)) +
+         (static_cast<size_t>(set) * g.nRanks + receiver) * g.maxTokens + t;
 }
 __device__ __forceinline__ uint64_t* combineReleased(const LlView& g, int rank, int set, int t, int p) {
   return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.released)) + static_cast<size_t>(kLlSets) * g.nRanks * g.maxTokens +
@@ -162,24 +165,25 @@ __device__ __forceinline__ bool released(const LlView& g, const uint64_t* word, 
   return seen >= lastUse || waitUntil<true>(g, [&] { return loadRelaxed(word) >= lastUse; });
 }
 
-// The receiving warp's word for a slot it has read, stored by lane 0 into this GPU's memory. No
-// fence: it relies on every lane's loads of the slot having returned, which holds because each
-// loaded value was used (stored into the outputs, or branched on) before the warp barrier, and a
-// GPU issues a thread's instructions in order. A sender that reads the word writes the slot only
-// after (its stores depend on the branch on the word).
+// The receiving warp's word for a slot it has read, stored by lane 0 (into the sender's memory for a
+// dispatch slot, this GPU's for a combine part). No fence: it relies on every lane's loads of the
+// slot having returned, which holds because each loaded value was used (stored into the outputs,
+// or branched on) before the warp barrier, and a GPU issues a thread's instructions in order. A
+// sender that reads the word writes the slot only after (its stores depend on the branch on it).
 __device__ __forceinline__ void releaseSlot(uint64_t* word, uint64_t epoch, int lane) {
   __syncwarp();
   if (lane == 0) storeRelaxed(word, epoch);
 }
 
-// The release words a dispatch send warp needs, loaded with its inputs (every rank's before any is
-// checked): `partSeen`, lane l's lowest word of slot (this rank, token t) over ranks l, l + 32
-// (< nRanks); `bitsSeen`, lane i's lowest word of slot (this rank, 32 c + i) over every rank.
+// The release words a dispatch send warp needs (in this GPU's memory), loaded with its inputs
+// (every rank's before any is checked): `partSeen`, lane l's lowest word of slot (this rank, token
+// t) in ranks l, l + 32 (< nRanks); `bitsSeen`, lane i's lowest word of slot (this rank, 32 c + i)
+// in every rank.
 constexpr int kLoadsInFlight = 8;
 __device__ __forceinline__ uint64_t loadPartReleased(const LlView& g, int set, int t, int lane) {
   static_assert(kMaxRanks <= 2 * kWarp, "a lane covers at most two ranks");
-  const uint64_t first = lane < g.nRanks ? loadRelaxed(dispatchReleased(g, lane, set, g.rank, t)) : ~0ULL;
-  const uint64_t second = lane + kWarp < g.nRanks ? loadRelaxed(dispatchReleased(g, lane + kWarp, set, g.rank, t)) : ~0ULL;
+  const uint64_t first = lane < g.nRanks ? loadRelaxed(dispatchReleased(g, g.rank, set, lane, t)) : ~0ULL;
+  const uint64_t second = lane + kWarp < g.nRanks ? loadRelaxed(dispatchReleased(g, g.rank, set, lane + kWarp, t)) : ~0ULL;
   return min(first, second);
 }
 __device__ __forceinline__ uint64_t loadBitsReleased(const LlView& g, int set, int c, int lane) {
@@ -190,7 +194,7 @@ __device__ __forceinline__ uint64_t loadBitsReleased(const LlView& g, int set, i
     uint64_t word[kLoadsInFlight];
 #pragma unroll
     for (int i = 0; i < kLoadsInFlight; ++i) {
-      word[i] = d0 + i < g.nRanks ? loadRelaxed(dispatchReleased(g, d0 + i, set, g.rank, t)) : ~0ULL;
+      word[i] = d0 + i < g.nRanks ? loadRelaxed(dispatchReleased(g, g.rank, set, d0 + i, t)) : ~0ULL;
     }
 #pragma unroll
     for (int i = 0; i < kLoadsInFlight; ++i) lowest = min(lowest, word[i]);
@@ -320,7 +324,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     const int t = c * kWarp + lane;
     bool ok = true;
     for (int d = 0; d < g.nRanks && ok && t < g.maxTokens; ++d) {
-      ok = released(g, dispatchReleased(g, d, set, g.rank, t), e.lastUse, seen);
+      ok = released(g, dispatchReleased(g, g.rank, set, d, t), e.lastUse, seen);
     }
     return warpAll(ok);
   };
@@ -329,7 +333,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   auto slotFree = [&](int t, uint64_t ranks, uint64_t seen) {
     bool ok = true;
     for (int d = lane; d < g.nRanks && ok; d += kWarp) {
-      if (((ranks >> d) & 1ULL) != 0) ok = released(g, dispatchReleased(g, d, set, g.rank, t), e.lastUse, seen);
+      if (((ranks >> d) & 1ULL) != 0) ok = released(g, dispatchReleased(g, g.rank, set, d, t), e.lastUse, seen);
     }
     return warpAll(ok);
   };
@@ -467,7 +471,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     uint64_t word = 0;
     if (!warpAll(waitUntil<true>(g, [&] { return countWordIsFrom(word = loadRelaxed(bitsWord), epoch); }))) return;
     int* rowOf = local.rowOf + static_cast<size_t>(slot) * g.topk;
-    uint64_t* slotReleased = dispatchReleased(g, g.rank, set, s, t);
+    uint64_t* slotReleased = dispatchReleased(g, s, set, g.rank, t);  // in the sender's memory
     if (((static_cast<unsigned>(countOf(word)) >> (t % kWarp)) & 1u) == 0) {
       if (lane < g.topk) rowOf[lane] = -1;  // no message: combine skips the slot
       releaseSlot(slotReleased, epoch, lane);

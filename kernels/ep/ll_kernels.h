@@ -18,9 +18,11 @@
 // Two buffer sets alternate between dispatches (the host picks the set); epochs count the calls
 // of each phase on the device, so a captured graph replays with fresh tags and flags. Before
 // writing into a slot of a peer's set, a sender waits until that receiver has finished reading the
-// slot's previous contents: each receiving warp says so per slot, in its own GPU's memory, as soon
-// as it has read the slot, so that no kernel ends on a grid-wide count or on a store across NVLink
-// (the receive phase's epoch is counted at the kernel's start).
+// slot's previous contents: each receiving warp says so per slot as soon as it has read the slot,
+// so that no kernel ends on a grid-wide count (the receive phase's epoch is counted at the
+// kernel's start). A dispatch slot's word lives in the sender's memory (its check, on every
+// token's path, is local; the receiver's store across NVLink is off its path), a combine part's in
+// the receiver's.
 // The set's outputs on this GPU (recvCount among them) are the caller's until the next dispatch
 // into the set, which reuses them in stream order.
 #pragma once
@@ -51,10 +53,11 @@ UNIFAB_HOST_DEVICE constexpr int llCombinePartValues(int hidden, int p) {
 // Byte offsets into the window (identical on every rank). Set b's arrays start at
 // setBase + b * setBytes; the offsets below are relative to that.
 struct LlLayout {
-  size_t released;      // uint64 words in this rank's own window, read by the senders: the epoch of
-                        //   the last call whose data in a slot this rank has finished reading;
-                        //   dispatch [kLlSets][nRanks (source)][maxTokens], then combine
-                        //   [kLlSets][maxTokens][llCombineParts(hidden)]
+  size_t released;      // uint64 words: the epoch of the last call whose data in a slot its reader
+                        //   has finished reading; dispatch [kLlSets][nRanks (receiver)][maxTokens]
+                        //   for this rank's slots in each receiver, stored there by the receivers,
+                        //   then combine [kLlSets][maxTokens][llCombineParts(hidden)] for the
+                        //   partials sent to this rank, stored by this rank, read by the senders
   size_t setBase;
   size_t setBytes;
   size_t tokenBits;     // uint64 [nRanks][bitWords]: tagged bitmaps of the tokens rank s sends us
