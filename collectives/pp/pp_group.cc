@@ -383,14 +383,17 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
     }
   } exported;
   pp::RendezvousEntry& entry = side == pp::kSendSide ? peer.inbox->entry(myIndex_, sequence) : myInbox_->entry(to, sequence);
-  if (!peer.sameProcess) {  // threads share addresses
-    const bool mayComeFirst = !pp::postedAlone(entry, sequence, 1 - side);
-    UF_CHECK(exporter_.describe(data, bytes, myChannel_ != nullptr, mayComeFirst, peer.channel, &mine, &exported.fd));
+  // A call that finds the peer's posting comes second whatever happens meanwhile (a posting is
+  // never withdrawn): its own buffer is never described to the peer, so it is not described at all
+  // (the driver's pointer queries of a virtual-memory buffer cost tens of microseconds a call).
+  const bool certainlySecond = pp::postedAlone(entry, sequence, 1 - side);
+  if (!peer.sameProcess && !certainlySecond) {  // threads share addresses
+    UF_CHECK(exporter_.describe(data, bytes, myChannel_ != nullptr, peer.channel, &mine, &exported.fd));
   }
   // A buffer the peer's process cannot map (a stream-ordered pool, a buffer across two cuMem
   // mappings) is moved by this side's copy engine: this call waits for the peer's posting and
   // comes second.
-  const bool mayBeFirst = bytes == 0 || peer.sameProcess || mine.mappable != 0;
+  const bool mayBeFirst = bytes == 0 || peer.sameProcess || certainlySecond || mine.mappable != 0;
   cudaEvent_t previous = peer.callEnds[side][(sequence - 1) % pp::Inbox::kRing];
   lock.unlock();
   // Flags are rings of kRing per peer: the call that last used this position must have ended on

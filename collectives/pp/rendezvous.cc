@@ -137,8 +137,8 @@ Result driverCheck(CUresult result, const char* call) {
 
 }  // namespace
 
-Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel, bool mayComeFirst,
-                                const std::string& peerChannel, Posting* out, int* exported) {
+Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel, const std::string& peerChannel,
+                                Posting* out, int* exported) {
   *out = Posting{};
   *exported = -1;
   out->bytes = bytes;
@@ -179,20 +179,31 @@ Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel
   // allocations side by side), and a handle the driver exports.
   const VmmDriver& vmm = vmmDriver();
   if (!vmm.usable || !haveChannel) return unifabSuccess;
-  CUpointer_attribute vmmWhich[5] = {CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
-                                     CU_POINTER_ATTRIBUTE_MAPPING_SIZE, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID,
-                                     CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE};
-  unsigned long long handleTypes = 0, blockId = 0;
-  CUdeviceptr mappingBase = 0;
-  size_t mappingBytes = 0;
-  CUmemoryPool pool = nullptr;
-  void* vmmValues[5] = {&handleTypes, &mappingBase, &mappingBytes, &blockId, &pool};
-  if (getAttributes(5, vmmWhich, vmmValues, at) != CUDA_SUCCESS) return unifabSuccess;
-  if ((handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0 || pool != nullptr || blockId == 0 ||
-      mappingBase == 0 || at < mappingBase || at - mappingBase > mappingBytes || bytes > mappingBytes - (at - mappingBase)) {
+  auto known = bufferId != 0 ? mappings_.find(bufferId) : mappings_.end();
+  VmmMapping queried{};
+  if (known == mappings_.end()) {
+    CUpointer_attribute vmmWhich[5] = {CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+                                       CU_POINTER_ATTRIBUTE_MAPPING_SIZE, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID,
+                                       CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE};
+    unsigned long long handleTypes = 0, blockId = 0;
+    CUdeviceptr mappingBase = 0;
+    size_t mappingBytes = 0;
+    CUmemoryPool pool = nullptr;
+    void* vmmValues[5] = {&handleTypes, &mappingBase, &mappingBytes, &blockId, &pool};
+    if (getAttributes(5, vmmWhich, vmmValues, at) != CUDA_SUCCESS) return unifabSuccess;
+    const bool shareable = (handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0 && pool == nullptr &&
+                           blockId != 0 && mappingBase != 0;
+    queried = VmmMapping{shareable, blockId, static_cast<uintptr_t>(mappingBase), mappingBytes};
+    if (bufferId != 0) known = mappings_.emplace(bufferId, queried).first;
+  }
+  const VmmMapping& mapping = known != mappings_.end() ? known->second : queried;
+  const uint64_t blockId = mapping.blockId;
+  const uintptr_t mappingBase = mapping.base;
+  const size_t mappingBytes = mapping.bytes;
+  if (!mapping.shareable || at < mappingBase || at - mappingBase > mappingBytes || bytes > mappingBytes - (at - mappingBase)) {
     return unifabSuccess;
   }
-  if (mayComeFirst && sent_.count(std::make_pair(peerChannel, static_cast<uint64_t>(blockId))) == 0) {
+  if (sent_.count(std::make_pair(peerChannel, blockId)) == 0) {
     CUmemGenericAllocationHandle handle = 0;
     if (vmm.retainAllocationHandle(&handle, const_cast<void*>(data)) != CUDA_SUCCESS) return unifabSuccess;
     int fd = -1;

@@ -71,22 +71,33 @@ std::string channelNameOf(const char* inboxName);
 // (`haveChannel`), for virtual memory whose allocation allows POSIX descriptors (cuMemCreate,
 // ncclMemAlloc, PyTorch's expandable segments) and that one mapping holds whole, its shareable
 // handle. mappable = 0 for the rest (stream-ordered pools, a buffer across two mappings, a handle
-// the driver would not export). A handle not yet sent to `peerChannel` is exported here, before
-// the call is posted (*exported, owned by the caller; -1 if none), unless `mayComeFirst` is false
-// (the peer has posted already, so this call comes second and its handle is never sent: exporting
-// one per call costs the driver a descriptor each time): deliver() sends it to the peer if the
-// call comes first (only then does the peer map the buffer: a descriptor never taken would keep
-// the memory alive), and the caller closes it either way. Thread-safe.
+// the driver would not export). Called only by a call that may come first (one that finds the
+// peer's posting comes second and needs no description: exporting a handle per call costs the
+// driver a descriptor each time, its pointer queries tens of microseconds). A handle not yet sent
+// to `peerChannel` is exported here, before the call is posted (*exported, owned by the caller; -1
+// if none): deliver() sends it to the peer if the call comes first (only then does the peer map
+// the buffer: a descriptor never taken would keep the memory alive), and the caller closes it
+// either way. A virtual-memory mapping's attributes are queried once per buffer id, which the
+// driver never reuses within a process (as the legacy IPC handles kept by buffer id rely on).
+// Thread-safe.
 class BufferExporter {
  public:
-  Result describe(const void* data, size_t bytes, bool haveChannel, bool mayComeFirst, const std::string& peerChannel,
-                  Posting* out, int* exported);
+  Result describe(const void* data, size_t bytes, bool haveChannel, const std::string& peerChannel, Posting* out,
+                  int* exported);
   Result deliver(const Posting& mine, int exported, FdChannel* channel, const std::string& peerChannel, int poster,
                  FdChannel::Deadline deadline);
 
  private:
   std::mutex mutex_;
+  // What describe() needs of a virtual-memory mapping, queried once per buffer id.
+  struct VmmMapping {
+    bool shareable;  // POSIX descriptors allowed, not a stream-ordered pool's, a memory block id
+    uint64_t blockId;
+    uintptr_t base;
+    size_t bytes;
+  };
   std::map<uint64_t, cudaIpcMemHandle_t> handles_;   // by buffer id
+  std::map<uint64_t, VmmMapping> mappings_;          // by buffer id
   std::set<std::pair<std::string, uint64_t>> sent_;  // (peer channel, memory block id) whose handle went out
 };
 
