@@ -429,6 +429,11 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   if (arrival == pp::Arrival::kFirst && bytes > 0 && !peer.sameProcess) {
     UF_CHECK(exporter_.deliver(mine, exported.fd, myChannel_.get(), peer.channel, myIndex_, deadline));
   }
+  if (arrival == pp::Arrival::kSecond && exported.fd >= 0) {
+    // Exported for nothing (the peer posted in between): the next call exports again.
+    UF_INFO(kExt, unifab::kLogP2p, "pipeline %s %llu with rank %d: came second after exporting its buffer's handle", call,
+            static_cast<unsigned long long>(sequence), peerRank);
+  }
   char* mappedFirst = nullptr;
   if (arrival == pp::Arrival::kSecond && bytes > 0 && !peer.sameProcess && first.mappable != 0 && first.bytes == bytes) {
     UF_CHECK(importer_.map(to, first, myChannel_.get(), deadline, &mappedFirst));

@@ -210,6 +210,8 @@ Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel
     const CUresult result = vmm.exportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     (void)vmm.release(handle);  // the retained reference; the allocation lives on with its owner
     if (result != CUDA_SUCCESS) return unifabSuccess;
+    UF_INFO(kExt, unifab::kLogP2p, "pipeline send/recv: exported the handle of memory block %llu (a %zu-byte mapping) for %s",
+            static_cast<unsigned long long>(blockId), mappingBytes, peerChannel.c_str());
     *exported = fd;
   }
   out->mappable = 1;
@@ -281,6 +283,8 @@ Result BufferImporter::map(int peer, const Posting& p, FdChannel* channel, FdCha
     (void)vmm.release(handle);  // the mapping holds the allocation from here on
     UF_CHECK(mapped);
     found = mapped_.emplace(key, Mapping{reinterpret_cast<char*>(base), p.mappingBytes}).first;
+    UF_INFO(kExt, unifab::kLogP2p, "pipeline send/recv: mapped rank %d's memory block %llu (%llu bytes)", peer,
+            static_cast<unsigned long long>(p.bufferId), static_cast<unsigned long long>(p.mappingBytes));
   } else {
     return UF_ERROR(unifabInternalError, kExt, "rank %d posted a buffer of unknown kind %u", peer, p.kind);
   }
