@@ -270,9 +270,11 @@ for step in $steps; do
     pp_engine=rendezvous
     [ -n "$mpi_home" ] && pp_engine=slots
     say "== nccl-tests against unifab-bench, interleaved, $reps repetitions ($host_reps for the host-bound rows; ${launch[*]:-threads}; PP engine $pp_engine)"
-    # UNIFAB_NTCOMPARE_CPUS (CPU numbers, comma-separated): rank r of both tools runs on the r-th
-    # (unifab-launch's UNIFAB_RANK_CPUS; tests/bench/bind_rank.sh under MPI), to see whether the
-    # host-bound rows' spread between processes is where their threads land.
+    # UNIFAB_NTCOMPARE_CPUS (CPUs or ranges, comma-separated, e.g. 0-7,8-15): rank r of both tools
+    # runs on the r-th item (unifab-launch's UNIFAB_RANK_CPUS; tests/bench/bind_rank.sh under MPI),
+    # to see whether the host-bound rows' spread between processes is where their threads land.
+    # One CPU a rank (2,3; sixteenth session) made them worse and one-sided, unifab-bench 10-22 %
+    # slower: every thread of a process then shares its CPU (docs/benchmarks/nccl-tests.md).
     cpus_env=() bind=()
     if [ -n "${UNIFAB_NTCOMPARE_CPUS:-}" ]; then
       cpus_env=(UNIFAB_RANK_CPUS="$UNIFAB_NTCOMPARE_CPUS")

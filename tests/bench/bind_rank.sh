@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# bind_rank.sh PROGRAM [ARGS...]: runs PROGRAM on the CPU that UNIFAB_RANK_CPUS (CPU numbers,
-# comma-separated) gives this process's rank, the r-th (cycled), as unifab-launch pins its ranks;
+# bind_rank.sh PROGRAM [ARGS...]: runs PROGRAM on the CPUs that UNIFAB_RANK_CPUS (CPUs or CPU
+# ranges A-B, comma-separated) gives this process's rank, the r-th item (cycled), as unifab-launch
+# pins its ranks;
 # the rank comes from the MPI launcher (PMI_RANK: MPICH; PMIX_RANK; OMPI_COMM_WORLD_RANK) or
 # UNIFAB_RANK. Without UNIFAB_RANK_CPUS it runs PROGRAM as it is. ntcompare puts nccl-tests' ranks
 # on the CPUs unifab-bench's ranks get, so that both tools' processes run alike.
@@ -14,8 +15,8 @@ if ! [[ "$rank" =~ ^[0-9]+$ ]]; then
 fi
 IFS=, read -r -a list <<<"$cpus"
 cpu="${list[$((rank % ${#list[@]}))]}"
-if ! [[ "$cpu" =~ ^[0-9]+$ ]]; then
-  echo "bind_rank.sh: UNIFAB_RANK_CPUS='$cpus': '$cpu' is not a CPU number" >&2
+if ! [[ "$cpu" =~ ^([0-9]+)(-([0-9]+))?$ ]] || { [ -n "${BASH_REMATCH[3]}" ] && [ "${BASH_REMATCH[3]}" -lt "${BASH_REMATCH[1]}" ]; }; then
+  echo "bind_rank.sh: UNIFAB_RANK_CPUS='$cpus': '$cpu' is not a CPU number or range (A-B, A <= B)" >&2
   exit 2
 fi
 exec taskset -c "$cpu" "$@"

@@ -56,21 +56,34 @@ void stopAll(std::vector<pid_t>& pids) {
   }
 }
 
-// UNIFAB_RANK_CPUS: a comma-separated list of CPU numbers; rank r runs on the list's r-th (cycled).
-// Processes of two tools timed against each other then run on the same CPUs, rank by rank.
-bool rankCpus(std::vector<int>* cpus) {
+// UNIFAB_RANK_CPUS: a comma-separated list of CPUs or CPU ranges ("3" or "0-7"); rank r runs on
+// the list's r-th item (cycled). Processes of two tools timed against each other then run on the
+// same CPUs, rank by rank; a range leaves a rank's own threads (NCCL's proxy, the CUDA runtime's)
+// room beside its main thread.
+struct CpuRange {
+  int first, last;
+};
+
+bool rankCpus(std::vector<CpuRange>* cpus) {
   cpus->clear();
   const char* text = getenv("UNIFAB_RANK_CPUS");
   if (text == nullptr || *text == '\0') return true;
   for (const std::string& item : commaItems(text)) {
     char* end = nullptr;
-    const long cpu = strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || cpu < 0 || cpu >= CPU_SETSIZE) {
-      fprintf(stderr, "UNIFAB_RANK_CPUS='%s': '%s' is not a CPU number in 0..%d\n", text, item.c_str(),
-              CPU_SETSIZE - 1);
+    const long first = strtol(item.c_str(), &end, 10);
+    long last = first;
+    bool ok = !item.empty() && end != item.c_str();
+    if (ok && *end == '-') {
+      const char* second = end + 1;
+      last = strtol(second, &end, 10);
+      ok = end != second;
+    }
+    if (!ok || *end != '\0' || first < 0 || last < first || last >= CPU_SETSIZE) {
+      fprintf(stderr, "UNIFAB_RANK_CPUS='%s': '%s' is not a CPU number or range (A-B, A <= B) in 0..%d\n", text,
+              item.c_str(), CPU_SETSIZE - 1);
       return false;
     }
-    cpus->push_back(static_cast<int>(cpu));
+    cpus->push_back({static_cast<int>(first), static_cast<int>(last)});
   }
   return true;
 }
@@ -78,7 +91,7 @@ bool rankCpus(std::vector<int>* cpus) {
 }  // namespace
 
 int launchRanks(const LaunchOptions& options, const std::vector<std::string>& argv) {
-  std::vector<int> cpus;
+  std::vector<CpuRange> cpus;
   if (!rankCpus(&cpus)) return 2;
   char dirTemplate[] = "/tmp/unifab-ranks-XXXXXX";
   if (mkdtemp(dirTemplate) == nullptr) {
@@ -107,10 +120,11 @@ int launchRanks(const LaunchOptions& options, const std::vector<std::string>& ar
       if (!cpus.empty()) {
         cpu_set_t set;
         CPU_ZERO(&set);
-        const int cpu = cpus[static_cast<size_t>(rank) % cpus.size()];
-        CPU_SET(cpu, &set);
+        const CpuRange range = cpus[static_cast<size_t>(rank) % cpus.size()];
+        for (int cpu = range.first; cpu <= range.last; ++cpu) CPU_SET(cpu, &set);
         if (sched_setaffinity(0, sizeof(set), &set) != 0) {
-          fprintf(stderr, "rank %d: cannot run on CPU %d (UNIFAB_RANK_CPUS): %s\n", rank, cpu, strerror(errno));
+          fprintf(stderr, "rank %d: cannot run on CPUs %d-%d (UNIFAB_RANK_CPUS): %s\n", rank, range.first, range.last,
+                  strerror(errno));
           _exit(126);
         }
       }

@@ -1,8 +1,8 @@
 // Starts one process per rank, as users start NCCL programs without MPI: every child gets
 // UNIFAB_RANK, UNIFAB_NRANKS, UNIFAB_LOCAL_RANK and UNIFAB_UID_FILE (a fresh file through which
 // rank 0 hands out the ncclUniqueId). If a rank fails or the deadline passes, the others are
-// stopped, so a broken rank never leaves its peers hanging in NCCL. UNIFAB_RANK_CPUS (CPU numbers,
-// comma-separated) pins rank r to the list's r-th CPU (cycled).
+// stopped, so a broken rank never leaves its peers hanging in NCCL. UNIFAB_RANK_CPUS (CPUs or CPU
+// ranges A-B, comma-separated) pins rank r to the list's r-th item (cycled).
 #pragma once
 
 #include <string>
