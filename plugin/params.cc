@@ -110,6 +110,11 @@ const std::vector<ParamEntry>& entries() {
         "receiver's window, which it copies out with a same-GPU copy that this driver runs on SMs). A rank's "
         "transfers to itself always take the slots"},
        0, 0, "slots,rendezvous", [](Params& p, int64_t, double, const std::string& s) { p.ppEngine = s; }},
+      {{"UNIFAB_PP_TRACE", ParamType::kBool, "0", "0 or 1",
+        "Time each step of every pipeline send and receive on the host and log, when the group is "
+        "destroyed (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=P2P), the mean per call of each step by side and by "
+        "how the call went: where a short transfer's time goes"},
+       0, 1, nullptr, [](Params& p, int64_t v, double, const std::string&) { p.ppTrace = v != 0; }},
       {{"UNIFAB_EP_VALIDATE", ParamType::kBool, "0", "0 or 1",
         "Check expert ids on the host before every dispatch (synchronises the stream); otherwise the "
         "GPU checks them and reports a bad id through the group's error"},

@@ -37,6 +37,7 @@ struct Params {
   int64_t epTimeoutMs;           // UNIFAB_EP_TIMEOUT_MS
   int64_t ppTimeoutMs;           // UNIFAB_PP_TIMEOUT_MS
   std::string ppEngine;          // UNIFAB_PP_ENGINE: slots or rendezvous
+  bool ppTrace;                  // UNIFAB_PP_TRACE
   bool epValidateOnHost;         // UNIFAB_EP_VALIDATE
   bool epTrace;                  // UNIFAB_EP_TRACE
   int64_t epCombineSenders;      // UNIFAB_EP_COMBINE_SENDERS: 0 = the tuner's split

@@ -144,7 +144,8 @@ ntrun() {  # LABEL [NAME=VALUE]... BINARY ARGS... (the launcher and the per-rank
   local label=$1; shift
   logged "$logs/nt-$label.txt" "${launch[@]}" env "$@" "${per_rank[@]}"
   say "-- $label: ${launch[*]} $* ${per_rank[*]}"
-  grep -E "^ +[0-9]+ |Out of bounds|wrong|#wrong|Avg bus" "$logs/nt-$label.txt" | tee -a "$summary"
+  grep -E "^ +[0-9]+ |Out of bounds|wrong|#wrong|Avg bus|PP trace:" "$logs/nt-$label.txt" | sed 's/^.*\(PP trace:\)/\1/' |
+    tee -a "$summary"
   grep -E "failure|FAILED|error" "$logs/nt-$label.txt" | head -5 | tee -a "$summary"
 }
 
@@ -223,8 +224,11 @@ for step in $steps; do
     pp_env=()
     [ -n "$mpi_home" ] && pp_env=(UNIFAB_PP_ENGINE=slots)
     ntrun pp-check "${pp_env[@]}" "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
-    ntrun pp-one-way "${pp_env[@]}" UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
-    [ -n "$mpi_home" ] && ntrun pp-one-way-rendezvous UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
+    # The one-way runs log where each call's host time goes (UNIFAB_PP_TRACE; "PP trace:" lines,
+    # over all sizes, out of place and in place together).
+    pp_trace=(UNIFAB_PP_TRACE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=P2P)
+    ntrun pp-one-way "${pp_env[@]}" "${pp_trace[@]}" UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
+    [ -n "$mpi_home" ] && ntrun pp-one-way-rendezvous "${pp_trace[@]}" UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3
     if [ -n "$mpi_home" ]; then
       launch=() per_rank=(-t 2 -g 1)
       ntrun pp-one-way-threads UNIFAB_PP_ONE_WAY=1 "$b/pp_sendrecv_perf" -b 4K -e 1G -f 4 -c 1 -n 20 -w 3

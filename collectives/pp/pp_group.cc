@@ -265,6 +265,7 @@ Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t* given, uni
 }
 
 unifabPpGroup::~unifabPpGroup() {
+  if (comm_) trace_.log(comm_->rank());
   if (comm_) {
     unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
     UF_CUDA_WARN(cudaDeviceSynchronize());  // transfers of the group still use its window
@@ -366,7 +367,9 @@ Result unifabPpGroup::setUpRendezvous() {
 // (for this ring position's previous call to end, for the other side's previous use of the
 // rendezvous entry) happen outside it, so that another thread's call can make the progress waited
 // for; the stream operations are posted under it again.
-Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to, cudaStream_t stream) {
+Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to, cudaStream_t stream,
+                                     CallClock& clock) {
+  using Step = pp::HostTrace::Step;
   const int peerRank = firstLsaRank_ + to;
   const char* call = side == pp::kSendSide ? "send" : "recv";
   RendezvousPeer& peer = rendezvousPeers_[to];
@@ -390,6 +393,7 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   if (!peer.sameProcess && !certainlySecond) {  // threads share addresses
     UF_CHECK(exporter_.describe(data, bytes, myChannel_ != nullptr, peer.channel, &mine, &exported.fd));
   }
+  clock.lap(Step::kDescribe);
   // A buffer the peer's process cannot map (a stream-ordered pool, a buffer across two cuMem
   // mappings) is moved by this side's copy engine: this call waits for the peer's posting and
   // comes second.
@@ -414,6 +418,7 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   UF_CHECK(waitHost([&] { queried = cudaEventQuery(previous); return queried != cudaErrorNotReady; },
                     "the call that used the same flags has not ended"));
   UF_CUDA_CHECK(queried);
+  clock.lap(Step::kRingWait);
   pp::Arrival arrival = pp::Arrival::kBusy;
   pp::Posting first{};  // the other side's posting, when this call is second
   UF_CHECK(waitHost([&] { arrival = pp::arrive(entry, sequence, pp::Inbox::kRing, side, mine, &first, mayBeFirst);
@@ -423,6 +428,7 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
                                  "that no single mapping holds or whose handle cannot be passed), so this call waits for "
                                  "the peer's matching call to be posted (if that buffer cannot be mapped either, allocate "
                                  "one of the two with cudaMalloc or ncclMemAlloc, or use UNIFAB_PP_ENGINE=slots)"));
+  clock.lap(Step::kArrive);
   // Outside the group's lock, which another thread's call of this process may need meanwhile: the
   // handle of a buffer the peer will map goes to its channel (the peer waits for it), and a second
   // call maps the first side's buffer (waiting for its handle if it is virtual memory).
@@ -438,6 +444,7 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   if (arrival == pp::Arrival::kSecond && bytes > 0 && !peer.sameProcess && first.mappable != 0 && first.bytes == bytes) {
     UF_CHECK(importer_.map(to, first, myChannel_.get(), deadline, &mappedFirst));
   }
+  clock.lap(Step::kHandles);
   lock.lock();
   char* local = window_->localBase();
   char* theirs = window_->peerBases()[to];
@@ -492,6 +499,8 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
     UF_CHECK(ops_->write(stream, reinterpret_cast<uint64_t*>(theirs + servedOffset(other, myIndex_, sequence)), sequence));
   }
   UF_CUDA_CHECK(cudaEventRecord(previous, stream));
+  clock.lap(Step::kStreamOps);
+  clock.finish(side, arrival == pp::Arrival::kFirst ? pp::HostTrace::kFirst : pp::HostTrace::kSecond);
   return unifabSuccess;
 }
 
@@ -534,20 +543,25 @@ Result unifabPpGroup::checkCall(const void* data, size_t bytes, int peer, cudaSt
 }
 
 Result unifabPpGroup::send(const void* data, size_t bytes, int peer, cudaStream_t stream) {
+  CallClock clock(trace_);
   int to = 0;
   UF_CHECK(checkCall(data, bytes, peer, stream, &to));
   unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
-  const Result sent = rendezvous_ && to != myIndex_ ? rendezvousCall(pp::kSendSide, const_cast<void*>(data), bytes, to, stream)
-                                                    : slotSend(data, bytes, to, stream);
+  clock.lap(pp::HostTrace::kCheck);
+  const Result sent = rendezvous_ && to != myIndex_
+                          ? rendezvousCall(pp::kSendSide, const_cast<void*>(data), bytes, to, stream, clock)
+                          : slotSend(data, bytes, to, stream, clock);
   return sent == unifabSuccess ? sent : failedMidway(sent, "send", peer);
 }
 
 Result unifabPpGroup::recv(void* data, size_t bytes, int peer, cudaStream_t stream) {
+  CallClock clock(trace_);
   int from = 0;
   UF_CHECK(checkCall(data, bytes, peer, stream, &from));
   unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
-  const Result received = rendezvous_ && from != myIndex_ ? rendezvousCall(pp::kRecvSide, data, bytes, from, stream)
-                                                         : slotRecv(data, bytes, from, stream);
+  clock.lap(pp::HostTrace::kCheck);
+  const Result received = rendezvous_ && from != myIndex_ ? rendezvousCall(pp::kRecvSide, data, bytes, from, stream, clock)
+                                                         : slotRecv(data, bytes, from, stream, clock);
   return received == unifabSuccess ? received : failedMidway(received, "recv", peer);
 }
 
@@ -561,7 +575,7 @@ Result unifabPpGroup::failedMidway(Result failure, const char* call, int peer) {
   return failure;
 }
 
-Result unifabPpGroup::slotSend(const void* data, size_t bytes, int to, cudaStream_t stream) {
+Result unifabPpGroup::slotSend(const void* data, size_t bytes, int to, cudaStream_t stream, CallClock& clock) {
   const int peer = firstLsaRank_ + to;
   std::lock_guard<std::mutex> lock(mutex_);
   char* mine = window_->peerBases()[myIndex_];
@@ -577,10 +591,12 @@ Result unifabPpGroup::slotSend(const void* data, size_t bytes, int to, cudaStrea
     UF_CHECK(ops_->write(stream, reinterpret_cast<uint64_t*>(theirs + readyOffset(myIndex_, c.slot)), c.sequence));
     sentTo_[to] = c.sequence;
   }
+  clock.lap(pp::HostTrace::kStreamOps);
+  clock.finish(pp::kSendSide, pp::HostTrace::kSlots);
   return unifabSuccess;
 }
 
-Result unifabPpGroup::slotRecv(void* data, size_t bytes, int from, cudaStream_t stream) {
+Result unifabPpGroup::slotRecv(void* data, size_t bytes, int from, cudaStream_t stream, CallClock& clock) {
   const int peer = firstLsaRank_ + from;
   std::lock_guard<std::mutex> lock(mutex_);
   char* mine = window_->peerBases()[myIndex_];
@@ -594,6 +610,8 @@ Result unifabPpGroup::slotRecv(void* data, size_t bytes, int from, cudaStream_t 
     UF_CHECK(ops_->write(stream, reinterpret_cast<uint64_t*>(theirs + freedOffset(myIndex_, c.slot)), c.sequence));
     receivedFrom_[from] = c.sequence;
   }
+  clock.lap(pp::HostTrace::kStreamOps);
+  clock.finish(pp::kRecvSide, pp::HostTrace::kSlots);
   return unifabSuccess;
 }
 

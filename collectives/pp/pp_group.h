@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "collectives/common/symmetric.h"
+#include "collectives/pp/host_trace.h"
 #include "collectives/pp/rendezvous.h"
 #include "collectives/pp/stream_ops.h"
+#include "plugin/params.h"
 #include "unifab/unifab.h"
 
 namespace unifab::collectives::pp {
@@ -105,10 +107,11 @@ struct unifabPpGroup {
   // The peer's index among this rank's LSA peers, or an error naming why it cannot be reached.
   unifab::Result lsaIndex(int peer, int* index) const;
   unifab::Result checkCall(const void* data, size_t bytes, int peer, cudaStream_t stream, int* index) const;
-  unifab::Result slotSend(const void* data, size_t bytes, int to, cudaStream_t stream);
-  unifab::Result slotRecv(void* data, size_t bytes, int from, cudaStream_t stream);
+  using CallClock = unifab::collectives::pp::HostTrace::Call;
+  unifab::Result slotSend(const void* data, size_t bytes, int to, cudaStream_t stream, CallClock& clock);
+  unifab::Result slotRecv(void* data, size_t bytes, int from, cudaStream_t stream, CallClock& clock);
   unifab::Result setUpRendezvous();
-  unifab::Result rendezvousCall(int side, void* data, size_t bytes, int peer, cudaStream_t stream);
+  unifab::Result rendezvousCall(int side, void* data, size_t bytes, int peer, cudaStream_t stream, CallClock& clock);
   // A call that failed after it was numbered (or posted a chunk) leaves its peer's matching call out
   // of step: the group records the first such failure and refuses every later call with it.
   unifab::Result failedMidway(unifab::Result failure, const char* call, int peer);
@@ -146,6 +149,7 @@ struct unifabPpGroup {
   std::vector<RendezvousPeer> rendezvousPeers_;
   unifab::collectives::pp::BufferExporter exporter_;
   unifab::collectives::pp::BufferImporter importer_;
+  unifab::collectives::pp::HostTrace trace_{unifab::params().ppTrace};  // UNIFAB_PP_TRACE
   std::atomic<int> broken_{unifabSuccess};  // failedMidway's first code
   std::string brokenMessage_;               // and its message (under mutex_)
 };
