@@ -265,8 +265,8 @@ Result unifabPpGroup::create(ncclComm_t comm, const unifabPpConfig_t* given, uni
 }
 
 unifabPpGroup::~unifabPpGroup() {
-  if (comm_) trace_.log(comm_->rank());
   if (comm_) {
+    trace_.log(comm_->rank());
     unifab::collectives::DeviceGuard guard(comm_->cudaDevice());
     UF_CUDA_WARN(cudaDeviceSynchronize());  // transfers of the group still use its window
     importer_.closeAll();
