@@ -538,7 +538,7 @@ Result unifabPpGroup::checkCall(const void* data, size_t bytes, int peer, cudaSt
   UF_CHECK(unifab::collectives::checkStreamDevice(stream, comm_->cudaDevice()));
   // Before the call is numbered or paired: a bad range found by the copy would leave the peer's
   // matching call waiting for the watchdog.
-  UF_CHECK(unifab::collectives::checkDeviceRange(data, bytes, comm_->cudaDevice(), "data"));
+  UF_CHECK(checkedRanges_.check(data, bytes, comm_->cudaDevice(), "data"));
   return unifabSuccess;
 }
 

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/common/device_range.h"
 #include "collectives/common/symmetric.h"
 #include "collectives/pp/host_trace.h"
 #include "collectives/pp/rendezvous.h"
@@ -149,6 +150,8 @@ struct unifabPpGroup {
   std::vector<RendezvousPeer> rendezvousPeers_;
   unifab::collectives::pp::BufferExporter exporter_;
   unifab::collectives::pp::BufferImporter importer_;
+  // A pipeline loop sends the same buffers call after call: each is asked of the driver once.
+  mutable unifab::collectives::CheckedRanges checkedRanges_;
   unifab::collectives::pp::HostTrace trace_{unifab::params().ppTrace};  // UNIFAB_PP_TRACE
   std::atomic<int> broken_{unifabSuccess};  // failedMidway's first code
   std::string brokenMessage_;               // and its message (under mutex_)
