@@ -378,20 +378,13 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   pp::Posting mine{};
   mine.bytes = bytes;
   mine.address = reinterpret_cast<uintptr_t>(data);
-  // A virtual-memory buffer's handle exported for the peer (sent if this call comes first).
-  struct ExportedHandle {
-    int fd = -1;
-    ~ExportedHandle() {
-      if (fd >= 0) close(fd);
-    }
-  } exported;
   pp::RendezvousEntry& entry = side == pp::kSendSide ? peer.inbox->entry(myIndex_, sequence) : myInbox_->entry(to, sequence);
   // A call that finds the peer's posting comes second whatever happens meanwhile (a posting is
   // never withdrawn): its own buffer is never described to the peer, so it is not described at all
   // (the driver's pointer queries of a virtual-memory buffer cost tens of microseconds a call).
   const bool certainlySecond = pp::postedAlone(entry, sequence, 1 - side);
   if (!peer.sameProcess && !certainlySecond) {  // threads share addresses
-    UF_CHECK(exporter_.describe(data, bytes, myChannel_ != nullptr, peer.channel, &mine, &exported.fd));
+    UF_CHECK(exporter_.describe(data, bytes, myChannel_ != nullptr, &mine));
   }
   clock.lap(Step::kDescribe);
   // A buffer the peer's process cannot map (a stream-ordered pool, a buffer across two cuMem
@@ -433,12 +426,7 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   // handle of a buffer the peer will map goes to its channel (the peer waits for it), and a second
   // call maps the first side's buffer (waiting for its handle if it is virtual memory).
   if (arrival == pp::Arrival::kFirst && bytes > 0 && !peer.sameProcess) {
-    UF_CHECK(exporter_.deliver(mine, exported.fd, myChannel_.get(), peer.channel, myIndex_, deadline));
-  }
-  if (arrival == pp::Arrival::kSecond && exported.fd >= 0) {
-    // Exported for nothing (the peer posted in between): the next call exports again.
-    UF_INFO(kExt, unifab::kLogP2p, "pipeline %s %llu with rank %d: came second after exporting its buffer's handle", call,
-            static_cast<unsigned long long>(sequence), peerRank);
+    UF_CHECK(exporter_.deliver(mine, myChannel_.get(), peer.channel, myIndex_, deadline));
   }
   char* mappedFirst = nullptr;
   if (arrival == pp::Arrival::kSecond && bytes > 0 && !peer.sameProcess && first.mappable != 0 && first.bytes == bytes) {

@@ -130,6 +130,17 @@ const VmmDriver& vmmDriver() {
   return resolved;
 }
 
+// A POSIX descriptor for the allocation that holds `at`, owned by the caller.
+CUresult exportHandle(const VmmDriver& vmm, const void* at, int* fd) {
+  *fd = -1;
+  CUmemGenericAllocationHandle handle = 0;
+  const CUresult retained = vmm.retainAllocationHandle(&handle, const_cast<void*>(at));
+  if (retained != CUDA_SUCCESS) return retained;
+  const CUresult result = vmm.exportToShareableHandle(fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  (void)vmm.release(handle);  // the retained reference; the allocation lives on with its owner
+  return result;
+}
+
 Result driverCheck(CUresult result, const char* call) {
   if (result == CUDA_SUCCESS) return unifabSuccess;
   return UF_ERROR(unifabUnhandledCudaError, kExt, "%s failed: CUresult %d (cuda.h)", call, static_cast<int>(result));
@@ -137,10 +148,8 @@ Result driverCheck(CUresult result, const char* call) {
 
 }  // namespace
 
-Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel, const std::string& peerChannel,
-                                Posting* out, int* exported) {
+Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel, Posting* out) {
   *out = Posting{};
-  *exported = -1;
   out->bytes = bytes;
   out->address = reinterpret_cast<uintptr_t>(data);
   if (bytes == 0) return unifabSuccess;
@@ -191,8 +200,11 @@ Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel
     CUmemoryPool pool = nullptr;
     void* vmmValues[5] = {&handleTypes, &mappingBase, &mappingBytes, &blockId, &pool};
     if (getAttributes(5, vmmWhich, vmmValues, at) != CUDA_SUCCESS) return unifabSuccess;
-    const bool shareable = (handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0 && pool == nullptr &&
-                           blockId != 0 && mappingBase != 0;
+    bool shareable = (handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0 && pool == nullptr &&
+                     blockId != 0 && mappingBase != 0;
+    int trial = -1;
+    if (shareable && exportHandle(vmm, data, &trial) != CUDA_SUCCESS) shareable = false;
+    if (trial >= 0) close(trial);
     queried = VmmMapping{shareable, blockId, static_cast<uintptr_t>(mappingBase), mappingBytes};
     if (bufferId != 0) known = mappings_.emplace(bufferId, queried).first;
   }
@@ -203,17 +215,6 @@ Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel
   if (!mapping.shareable || at < mappingBase || at - mappingBase > mappingBytes || bytes > mappingBytes - (at - mappingBase)) {
     return unifabSuccess;
   }
-  if (sent_.count(std::make_pair(peerChannel, blockId)) == 0) {
-    CUmemGenericAllocationHandle handle = 0;
-    if (vmm.retainAllocationHandle(&handle, const_cast<void*>(data)) != CUDA_SUCCESS) return unifabSuccess;
-    int fd = -1;
-    const CUresult result = vmm.exportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-    (void)vmm.release(handle);  // the retained reference; the allocation lives on with its owner
-    if (result != CUDA_SUCCESS) return unifabSuccess;
-    UF_INFO(kExt, unifab::kLogP2p, "pipeline send/recv: exported the handle of memory block %llu (a %zu-byte mapping) for %s",
-            static_cast<unsigned long long>(blockId), mappingBytes, peerChannel.c_str());
-    *exported = fd;
-  }
   out->mappable = 1;
   out->kind = kSharedHandle;
   out->bufferId = blockId;
@@ -222,13 +223,29 @@ Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel
   return unifabSuccess;
 }
 
-Result BufferExporter::deliver(const Posting& mine, int exported, FdChannel* channel, const std::string& peerChannel,
-                               int poster, FdChannel::Deadline deadline) {
-  if (mine.kind != kSharedHandle || exported < 0) return unifabSuccess;
-  // The kernel duplicates the descriptor into the datagram; the caller closes its own.
-  UF_CHECK(channel->send(peerChannel, handleKey(poster, mine.bufferId), exported, deadline));
+Result BufferExporter::deliver(const Posting& mine, FdChannel* channel, const std::string& peerChannel, int poster,
+                               FdChannel::Deadline deadline) {
+  if (mine.kind != kSharedHandle) return unifabSuccess;
+  // Under the lock from the check to the insert: two threads' first calls with one buffer send its
+  // handle once (the peer takes one descriptor per buffer).
   std::lock_guard<std::mutex> lock(mutex_);
-  sent_.insert(std::make_pair(peerChannel, mine.bufferId));
+  const auto key = std::make_pair(peerChannel, mine.bufferId);
+  if (sent_.count(key) != 0) return unifabSuccess;
+  int fd = -1;
+  const CUresult exported = exportHandle(vmmDriver(), reinterpret_cast<const void*>(mine.address), &fd);
+  if (exported != CUDA_SUCCESS) {
+    return UF_ERROR(unifabUnhandledCudaError, kExt, "pipeline send/recv: exporting the handle of memory block %llu "
+                    "failed (CUresult %d) though it succeeded when the buffer was first seen; the peer's matching call "
+                    "will time out", static_cast<unsigned long long>(mine.bufferId), static_cast<int>(exported));
+  }
+  UF_INFO(kExt, unifab::kLogP2p, "pipeline send/recv: exported the handle of memory block %llu (a %llu-byte mapping) for %s",
+          static_cast<unsigned long long>(mine.bufferId), static_cast<unsigned long long>(mine.mappingBytes),
+          peerChannel.c_str());
+  // The kernel duplicates the descriptor into the datagram; ours is closed either way.
+  const Result sent = channel->send(peerChannel, handleKey(poster, mine.bufferId), fd, deadline);
+  close(fd);
+  UF_CHECK(sent);
+  sent_.insert(key);
   return unifabSuccess;
 }
 

@@ -72,26 +72,25 @@ std::string channelNameOf(const char* inboxName);
 // ncclMemAlloc, PyTorch's expandable segments) and that one mapping holds whole, its shareable
 // handle. mappable = 0 for the rest (stream-ordered pools, a buffer across two mappings, a handle
 // the driver would not export). Called only by a call that may come first (one that finds the
-// peer's posting comes second and needs no description: exporting a handle per call costs the
-// driver a descriptor each time, its pointer queries tens of microseconds). A handle not yet sent
-// to `peerChannel` is exported here, before the call is posted (*exported, owned by the caller; -1
-// if none): deliver() sends it to the peer if the call comes first (only then does the peer map
-// the buffer: a descriptor never taken would keep the memory alive), and the caller closes it
-// either way. A virtual-memory mapping's attributes are queried once per buffer id, which the
-// driver never reuses within a process (as the legacy IPC handles kept by buffer id rely on).
+// peer's posting comes second and needs no description). A virtual-memory mapping's attributes are
+// queried once per buffer id, which the driver never reuses within a process (as the legacy IPC
+// handles kept by buffer id rely on), and its handle is exported once then (and closed) to learn
+// that the driver will. deliver() exports it again and sends it only when the call came first, and
+// only the first time for that peer: an export of a large allocation costs about a millisecond, and
+// a call that may come first but comes second (the usual case for the side that starts a little
+// later) must not pay it each time; a descriptor kept open would keep a freed allocation alive.
 // Thread-safe.
 class BufferExporter {
  public:
-  Result describe(const void* data, size_t bytes, bool haveChannel, const std::string& peerChannel, Posting* out,
-                  int* exported);
-  Result deliver(const Posting& mine, int exported, FdChannel* channel, const std::string& peerChannel, int poster,
+  Result describe(const void* data, size_t bytes, bool haveChannel, Posting* out);
+  Result deliver(const Posting& mine, FdChannel* channel, const std::string& peerChannel, int poster,
                  FdChannel::Deadline deadline);
 
  private:
   std::mutex mutex_;
   // What describe() needs of a virtual-memory mapping, queried once per buffer id.
   struct VmmMapping {
-    bool shareable;  // POSIX descriptors allowed, not a stream-ordered pool's, a memory block id
+    bool shareable;  // POSIX descriptors allowed and exported once, not a stream-ordered pool's, a block id
     uint64_t blockId;
     uintptr_t base;
     size_t bytes;
