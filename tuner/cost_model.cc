@@ -89,7 +89,13 @@ int CostModel::networkChannels(int collective, int algorithm, size_t bytes) cons
   }
   const double wireBytes = static_cast<double>(bytes) * p.busFactor;
   const double stepBytes = wireBytes / std::max(1.0, p.intraHops + p.interHops);
-  const double fewest = stepBytes < constants_.netOneChannelStepBytes ? 1.0 : std::max(1, constants_.minNetChannels);
+  // A ring keeps two connections of each rank busy on one channel (it sends to the next rank while
+  // it receives from the previous); a chain (broadcast, reduce) keeps one, the sender's or the
+  // receiver's, so its latency-bound floor is two channels: the same two connections at work.
+  const bool chain = collective == kBroadcast || collective == kReduce;
+  const double fewest = stepBytes < constants_.netOneChannelStepBytes && !chain
+                            ? 1.0
+                            : std::max(1, constants_.minNetChannels);
   return channelsFor(wireBytes, constants_.netBytesPerChannel, fewest);
 }
 

@@ -110,7 +110,7 @@ class CostModel {
   // Channels for a pattern that crosses a network whose transport moves every message through
   // host threads (Topology::networkHostMoved: unifab's sockets, where it was measured): one per
   // netBytesPerChannel of the busiest rank's wire bytes, at least minNetChannels, one where a ring
-  // step carries less than netOneChannelStepBytes. It replaces NCCL's own count (at most 64; NCCL caps ring and tree at the channels it built).
+  // step carries less than netOneChannelStepBytes (a ring's; a chain's floor stays two). It replaces NCCL's own count (at most 64; NCCL caps ring and tree at the channels it built).
   // 0, keeping NCCL's count, inside one node, over any other transport (not measured), and for
   // patterns the model does not cover.
   int networkChannels(int collective, int algorithm, size_t bytes) const;

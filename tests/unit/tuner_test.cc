@@ -255,7 +255,8 @@ TEST(Tuner, TouchesOnlyUsableEntriesAndChannelsWhereMeasured) {
 }
 
 // Over unifab's sockets a channel per 2 MiB of the busiest rank's wire bytes, at least two, one
-// where a ring step carries less than 128 KiB: two channels beat eight by up to 2x from 256 KiB to
+// where a ring step carries less than 128 KiB (never for a chain, whose channel keeps one
+// connection busy where a ring's keeps two): two channels beat eight by up to 2x from 256 KiB to
 // 2 MiB per rank, eight won from 16 MiB, and one beat two at 4, 32 and 128 KiB of all-reduce (two
 // steps of 64 KiB), two beat one at all-gather 256 KiB (one step of 128 KiB). Other networks keep
 // NCCL's count.
@@ -271,6 +272,13 @@ TEST(CostModel, NetworkChannelsFollowTheWireBytesPerRank) {
   EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 256 << 10), 2) << "two steps of 128 KiB";
   EXPECT_EQ(twoNodes.networkChannels(kAllGather, kRing, 128 << 10), 1) << "all-gather: half on the wire, one step";
   EXPECT_EQ(twoNodes.networkChannels(kAllGather, kRing, 256 << 10), 2) << "measured: two 90 us, one 99";
+  // Broadcast, 5 repetitions each (thirteenth run): Ring-LL on two channels 11.0 / 12.3 / 14.8 / 20.3
+  // us at 8 / 16 / 32 / 64 KiB against one's 12.0 / 14.0 / 19.2 / 32.0; Simple 21.1 against 38.7 at 64 KiB.
+  for (size_t bytes : {size_t{8} << 10, size_t{32} << 10, size_t{64} << 10, size_t{128} << 10}) {
+    EXPECT_EQ(twoNodes.networkChannels(kBroadcast, kRing, bytes), 2) << bytes << " B: a chain keeps one connection busy";
+    EXPECT_EQ(twoNodes.networkChannels(kReduce, kRing, bytes), 2) << bytes << " B";
+  }
+  EXPECT_EQ(twoNodes.networkChannels(kBroadcast, kRing, 16 * kMiB), 8) << "bandwidth-bound: as a ring of the wire bytes";
   EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 2 * kMiB), 2);   // 2 MiB on the wire
   EXPECT_EQ(twoNodes.networkChannels(kAllReduce, kRing, 16 * kMiB), 8);  // all-reduce: 2(n-1)/n = 1
   EXPECT_EQ(twoNodes.networkChannels(kAllGather, kRing, 16 * kMiB), 4);  // all-gather: (n-1)/n
