@@ -51,7 +51,10 @@ class RelaxedCaptureScope {
 
 }  // namespace
 
-Result checkDeviceRange(const void* data, size_t bytes, int device, const char* name) {
+Result checkDeviceRange(const void* data, size_t bytes, int device, const char* name, uintptr_t* begin,
+                        uintptr_t* end) {
+  const CUdeviceptr at = reinterpret_cast<CUdeviceptr>(data);
+  uintptr_t covered[2] = {at, at + bytes};
   if (bytes == 0) return unifabSuccess;
   RelaxedCaptureScope relaxed;
   cudaPointerAttributes attributes{};
@@ -73,31 +76,36 @@ Result checkDeviceRange(const void* data, size_t bytes, int device, const char* 
     CUdeviceptr start = 0;
     size_t size = 0;
     void* values[3] = {&legacy, &start, &size};
-    const CUdeviceptr at = reinterpret_cast<CUdeviceptr>(data);
-    if (get(3, which, values, at) == CUDA_SUCCESS && legacy != 0 && size > 0 && at >= start) {
-      const size_t left = at - start < size ? size - static_cast<size_t>(at - start) : 0;
-      if (bytes > left) {
+    if (get(3, which, values, at) == CUDA_SUCCESS && size > 0 && at >= start && at - start < size) {
+      if (legacy != 0 && bytes > size - static_cast<size_t>(at - start)) {
         return UF_ERROR(unifabInvalidArgument, kExt,
                         "%s=%p with %zu bytes runs past the end of its allocation (%zu bytes left from there)", name,
-                        data, bytes, left);
+                        data, bytes, size - static_cast<size_t>(at - start));
       }
+      // Type and device belong to the whole range; so does the extent, checked against it.
+      covered[0] = start;
+      covered[1] = start + size;
     }
   }
+  if (begin != nullptr) *begin = covered[0];
+  if (end != nullptr) *end = covered[1];
   return unifabSuccess;
 }
 
 Result CheckedRanges::check(const void* data, size_t bytes, int device, const char* name) {
   if (bytes == 0) return unifabSuccess;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(data);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = passed_.find(data);
-    if (it != passed_.end() && it->second >= bytes) return unifabSuccess;
+    for (const Passed& p : passed_) {
+      if (p.device == device && first >= p.begin && first < p.end && bytes <= p.end - first) return unifabSuccess;
+    }
   }
-  UF_CHECK(checkDeviceRange(data, bytes, device, name));
+  uintptr_t begin = 0, end = 0;
+  UF_CHECK(checkDeviceRange(data, bytes, device, name, &begin, &end));
   std::lock_guard<std::mutex> lock(mutex_);
   if (passed_.size() >= kRemembered) passed_.clear();
-  size_t& known = passed_[data];
-  known = known > bytes ? known : bytes;
+  passed_.push_back(Passed{begin, end, device});
   return unifabSuccess;
 }
 

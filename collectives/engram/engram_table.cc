@@ -247,13 +247,13 @@ Result unifabEngramTable::validate(const unifabEngramFetchArgs_t& a, cudaStream_
                     "other fetches share");
   }
   UF_CHECK(unifab::collectives::checkStreamDevice(stream, comm_->cudaDevice()));
-  UF_CHECK(unifab::collectives::checkDeviceRange(a.out, a.numRows * config_.rowBytes, comm_->cudaDevice(), "out"));
+  UF_CHECK(checkedRanges_.check(a.out, a.numRows * config_.rowBytes, comm_->cudaDevice(), "out"));
   if (a.hostRowIds == 0) {
     // Read by the gather kernel: host or another GPU's memory would fault the context.
-    UF_CHECK(unifab::collectives::checkDeviceRange(a.rowIds, a.numRows * idBytes, comm_->cudaDevice(), "rowIds"));
+    UF_CHECK(checkedRanges_.check(a.rowIds, a.numRows * idBytes, comm_->cudaDevice(), "rowIds"));
   }
   if (config_.rowScales) {
-    UF_CHECK(unifab::collectives::checkDeviceRange(a.outScales, a.numRows * sizeof(float), comm_->cudaDevice(), "outScales"));
+    UF_CHECK(checkedRanges_.check(a.outScales, a.numRows * sizeof(float), comm_->cudaDevice(), "outScales"));
   }
   return unifabSuccess;
 }

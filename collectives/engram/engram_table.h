@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "collectives/common/device_range.h"
 #include "collectives/common/symmetric.h"
 #include "kernels/engram/gather.h"
 #include "unifab/unifab.h"
@@ -47,4 +48,7 @@ struct unifabEngramTable {
   int* hostError_ = nullptr;
   int deviceSms_ = 0;
   std::mutex mutex_;               // one fetch at a time is posted to stream_
+  // A decoding loop fetches into the same buffers call after call: each allocation is asked of the
+  // driver once (three pointer queries would cost ~5 us of a fetch's host time).
+  mutable unifab::collectives::CheckedRanges checkedRanges_;
 };
