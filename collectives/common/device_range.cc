@@ -82,9 +82,24 @@ Result checkDeviceRange(const void* data, size_t bytes, int device, const char* 
                         "%s=%p with %zu bytes runs past the end of its allocation (%zu bytes left from there)", name,
                         data, bytes, size - static_cast<size_t>(at - start));
       }
-      // Type and device belong to the whole range; so does the extent, checked against it.
-      covered[0] = start;
-      covered[1] = start + size;
+      if (legacy != 0 || managed) {
+        // An allocation of its own: type, device and extent hold for all of it.
+        covered[0] = start;
+        covered[1] = start + size;
+      } else {
+        // Virtual memory (cuMem, stream-ordered pools): the range is the address reservation,
+        // which may hold unmapped pages or another device's memory; the answer holds for the
+        // mapping around `at`.
+        CUpointer_attribute mappingWhich[2] = {CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, CU_POINTER_ATTRIBUTE_MAPPING_SIZE};
+        CUdeviceptr mappingBase = 0;
+        size_t mappingSize = 0;
+        void* mappingValues[2] = {&mappingBase, &mappingSize};
+        if (get(2, mappingWhich, mappingValues, at) == CUDA_SUCCESS && mappingSize > 0 && at >= mappingBase &&
+            at - mappingBase < mappingSize) {
+          covered[0] = mappingBase;
+          covered[1] = mappingBase + mappingSize;
+        }
+      }
     }
   }
   if (begin != nullptr) *begin = covered[0];

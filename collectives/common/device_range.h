@@ -38,8 +38,9 @@ Result checkStreamDevice(cudaStream_t stream, int device);
 
 // unifabInvalidArgument (naming `name`) unless [data, data + bytes) is device memory of CUDA
 // device `device`, or managed memory, within one allocation. bytes == 0 passes. On success
-// *begin and *end (if given) bound the allocation the answer holds for: any range inside it gets
-// the same answer ([data, data + bytes) where the driver reports none).
+// *begin and *end (if given) bound what the answer holds for, so that any range inside gets the
+// same answer: the allocation (cudaMalloc, managed), the mapping around `data` (virtual memory,
+// whose reported range is the address reservation), else [data, data + bytes).
 Result checkDeviceRange(const void* data, size_t bytes, int device, const char* name, uintptr_t* begin = nullptr,
                         uintptr_t* end = nullptr);
 
@@ -47,8 +48,9 @@ Result checkDeviceRange(const void* data, size_t bytes, int device, const char* 
 // loop, a pipeline, a harness that moves its buffers by an offset each call as nccl-tests does): a
 // range inside an allocation that passed is not asked about again, so only new allocations cost
 // the driver's queries (two or three, 1.5-2 us a call). Remembers up to kRemembered allocations,
-// then starts over. Only passes are remembered: a buffer freed, and one allocated again smaller at
-// the same address, still passes with the old extent (no worse than without the check).
+// then starts over. Only passes are remembered: after an allocation is freed, a pointer into its
+// old extent still passes (a smaller allocation made there, with the old extent as its bound), as
+// it would have passed the check before the free; no worse than without the check.
 class CheckedRanges {
  public:
   Result check(const void* data, size_t bytes, int device, const char* name);

@@ -203,10 +203,15 @@ Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel
     bool shareable = (handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0 && pool == nullptr &&
                      blockId != 0 && mappingBase != 0;
     int trial = -1;
-    if (shareable && exportHandle(vmm, data, &trial) != CUDA_SUCCESS) shareable = false;
+    bool exportFailed = false;
+    if (shareable && exportHandle(vmm, data, &trial) != CUDA_SUCCESS) {
+      shareable = false;
+      exportFailed = true;
+    }
     if (trial >= 0) close(trial);
     queried = VmmMapping{shareable, blockId, static_cast<uintptr_t>(mappingBase), mappingBytes};
-    if (bufferId != 0) known = mappings_.emplace(bufferId, queried).first;
+    // A failed export may pass (descriptors exhausted for a moment): asked again next call.
+    if (bufferId != 0 && !exportFailed) known = mappings_.emplace(bufferId, queried).first;
   }
   const VmmMapping& mapping = known != mappings_.end() ? known->second : queried;
   const uint64_t blockId = mapping.blockId;
@@ -226,27 +231,36 @@ Result BufferExporter::describe(const void* data, size_t bytes, bool haveChannel
 Result BufferExporter::deliver(const Posting& mine, FdChannel* channel, const std::string& peerChannel, int poster,
                                FdChannel::Deadline deadline) {
   if (mine.kind != kSharedHandle) return unifabSuccess;
-  // Under the lock from the check to the insert: two threads' first calls with one buffer send its
-  // handle once (the peer takes one descriptor per buffer).
-  std::lock_guard<std::mutex> lock(mutex_);
   const auto key = std::make_pair(peerChannel, mine.bufferId);
-  if (sent_.count(key) != 0) return unifabSuccess;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!sendingDone_.wait_until(lock, deadline, [&] { return sending_.count(key) == 0; })) {
+      return UF_ERROR(unifabTimeout, kExt, "pipeline send/recv: another thread's call kept sending the handle of "
+                      "memory block %llu past UNIFAB_PP_TIMEOUT_MS", static_cast<unsigned long long>(mine.bufferId));
+    }
+    if (sent_.count(key) != 0) return unifabSuccess;
+    sending_.insert(key);
+  }
   int fd = -1;
   const CUresult exported = exportHandle(vmmDriver(), reinterpret_cast<const void*>(mine.address), &fd);
+  Result sent = unifabSuccess;
   if (exported != CUDA_SUCCESS) {
-    return UF_ERROR(unifabUnhandledCudaError, kExt, "pipeline send/recv: exporting the handle of memory block %llu "
+    sent = UF_ERROR(unifabUnhandledCudaError, kExt, "pipeline send/recv: exporting the handle of memory block %llu "
                     "failed (CUresult %d) though it succeeded when the buffer was first seen; the peer's matching call "
                     "will time out", static_cast<unsigned long long>(mine.bufferId), static_cast<int>(exported));
+  } else {
+    UF_INFO(kExt, unifab::kLogP2p, "pipeline send/recv: exported the handle of memory block %llu (a %llu-byte mapping) "
+            "for %s", static_cast<unsigned long long>(mine.bufferId),
+            static_cast<unsigned long long>(mine.mappingBytes), peerChannel.c_str());
+    // The kernel duplicates the descriptor into the datagram.
+    sent = channel->send(peerChannel, handleKey(poster, mine.bufferId), fd, deadline);
   }
-  UF_INFO(kExt, unifab::kLogP2p, "pipeline send/recv: exported the handle of memory block %llu (a %llu-byte mapping) for %s",
-          static_cast<unsigned long long>(mine.bufferId), static_cast<unsigned long long>(mine.mappingBytes),
-          peerChannel.c_str());
-  // The kernel duplicates the descriptor into the datagram; ours is closed either way.
-  const Result sent = channel->send(peerChannel, handleKey(poster, mine.bufferId), fd, deadline);
-  close(fd);
-  UF_CHECK(sent);
-  sent_.insert(key);
-  return unifabSuccess;
+  if (fd >= 0) close(fd);
+  std::lock_guard<std::mutex> lock(mutex_);
+  sending_.erase(key);
+  if (sent == unifabSuccess) sent_.insert(key);
+  sendingDone_.notify_all();
+  return sent;
 }
 
 Result BufferImporter::map(int peer, const Posting& p, FdChannel* channel, FdChannel::Deadline deadline, char** data) {

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -75,8 +76,9 @@ std::string channelNameOf(const char* inboxName);
 // peer's posting comes second and needs no description). A virtual-memory mapping's attributes are
 // queried once per buffer id, which the driver never reuses within a process (as the legacy IPC
 // handles kept by buffer id rely on), and its handle is exported once then (and closed) to learn
-// that the driver will. deliver() exports it again and sends it only when the call came first, and
-// only the first time for that peer: an export of a large allocation costs about a millisecond, and
+// that the driver will (a failed export is not remembered). deliver() exports it again and sends
+// it only when the call came first, and only the first time for that peer (so a buffer's first
+// call that comes first pays two exports): an export of a large allocation costs about a millisecond, and
 // a call that may come first but comes second (the usual case for the side that starts a little
 // later) must not pay it each time; a descriptor kept open would keep a freed allocation alive.
 // Thread-safe.
@@ -98,6 +100,11 @@ class BufferExporter {
   std::map<uint64_t, cudaIpcMemHandle_t> handles_;   // by buffer id
   std::map<uint64_t, VmmMapping> mappings_;          // by buffer id
   std::set<std::pair<std::string, uint64_t>> sent_;  // (peer channel, memory block id) whose handle went out
+  // Handles being exported and sent, outside the lock (a send may wait for room in the peer's
+  // queue while this process's other calls go on); a second thread's first call with the same
+  // buffer waits for that one instead of sending a second descriptor.
+  std::set<std::pair<std::string, uint64_t>> sending_;
+  std::condition_variable sendingDone_;
 };
 
 // The peers' allocations this GPU has mapped, by (peer, kind, id): legacy IPC handles opened, or

@@ -164,6 +164,17 @@ bool runRefusals(NcclSession& session, unifabPpGroup_t group, size_t chunk) {
   check(unifabPpSend(group, static_cast<char*>(small) + 4080, 32, 0, stream) == unifabInvalidArgument &&
             strstr(unifabGetLastError(), "past the end") != nullptr,
         "a range past the end of its allocation is refused");
+  // Once the allocation has passed whole (a transfer to itself, through the slots), a range inside
+  // it is not asked of the driver again, but one running past its end still is.
+  void* received = nullptr;
+  TEST_CUDA_CHECK(cudaMalloc(&received, 4096));
+  TEST_UNIFAB_CHECK(unifabPpSend(group, small, 4096, session.rank(), stream));
+  TEST_UNIFAB_CHECK(unifabPpRecv(group, received, 4096, session.rank(), stream));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
+  check(unifabPpSend(group, static_cast<char*>(small) + 4080, 32, 0, stream) == unifabInvalidArgument &&
+            strstr(unifabGetLastError(), "past the end") != nullptr,
+        "a range past the end of an allocation that passed before is still refused");
+  TEST_CUDA_CHECK(cudaFree(received));
   TEST_CUDA_CHECK(cudaFree(small));
   cudaStream_t capturing = nullptr;
   TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
