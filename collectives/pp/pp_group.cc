@@ -381,7 +381,7 @@ Result unifabPpGroup::rendezvousCall(int side, void* data, size_t bytes, int to,
   pp::RendezvousEntry& entry = side == pp::kSendSide ? peer.inbox->entry(myIndex_, sequence) : myInbox_->entry(to, sequence);
   // A call that finds the peer's posting comes second whatever happens meanwhile (a posting is
   // never withdrawn): its own buffer is never described to the peer, so it is not described at all
-  // (the driver's pointer queries of a virtual-memory buffer cost tens of microseconds a call).
+  // (a description asks the driver about the pointer, a few microseconds).
   const bool certainlySecond = pp::postedAlone(entry, sequence, 1 - side);
   if (!peer.sameProcess && !certainlySecond) {  // threads share addresses
     UF_CHECK(exporter_.describe(data, bytes, myChannel_ != nullptr, &mine));

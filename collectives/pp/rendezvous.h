@@ -78,9 +78,10 @@ std::string channelNameOf(const char* inboxName);
 // handles kept by buffer id rely on), and its handle is exported once then (and closed) to learn
 // that the driver will (a failed export is not remembered). deliver() exports it again and sends
 // it only when the call came first, and only the first time for that peer (so a buffer's first
-// call that comes first pays two exports): an export of a large allocation costs about a millisecond, and
-// a call that may come first but comes second (the usual case for the side that starts a little
-// later) must not pay it each time; a descriptor kept open would keep a freed allocation alive.
+// call that comes first pays two exports): an export of a large allocation costs about a
+// millisecond, and a call that may come first but comes second (the usual case for the side that
+// starts a little later) must not pay it each time; a descriptor kept open would keep a freed
+// allocation alive.
 // Thread-safe.
 class BufferExporter {
  public:
