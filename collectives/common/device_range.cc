@@ -113,7 +113,7 @@ Result CheckedRanges::check(const void* data, size_t bytes, int device, const ch
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const Passed& p : passed_) {
-      if (p.device == device && first >= p.begin && first < p.end && bytes <= p.end - first) return unifabSuccess;
+      if (p.device == device && rangeInside(first, bytes, p.begin, p.end)) return unifabSuccess;
     }
   }
   uintptr_t begin = 0, end = 0;

@@ -21,6 +21,11 @@ inline bool alignedTo(const void* pointer, size_t bytes) {
   return (reinterpret_cast<uintptr_t>(pointer) & (bytes - 1)) == 0;
 }
 
+// Whether [first, first + bytes) lies inside [begin, end), for any bytes (no wrap).
+inline bool rangeInside(uintptr_t first, size_t bytes, uintptr_t begin, uintptr_t end) {
+  return first >= begin && first < end && bytes <= end - first;
+}
+
 // Whether [pointer, pointer + bytes) meets [begin, end).
 inline bool overlaps(const void* pointer, size_t bytes, const char* begin, const char* end) {
   const char* first = static_cast<const char*>(pointer);
