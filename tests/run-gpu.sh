@@ -13,7 +13,7 @@
 # UNIFAB_TRACE_DTYPES / UNIFAB_TRACE_OPS limit the trace step (default: bf16 fp8 x empty cached dispatch combine);
 # ab measures the working tree against itself with UNIFAB_AB_PATCH (default ab.patch; or several
 # NAME=FILE baselines) reversed, interleaved (UNIFAB_AB_ARGS, UNIFAB_AB_DTYPES, UNIFAB_AB_REPS,
-# UNIFAB_AB_COLUMNS);
+# UNIFAB_AB_COLUMNS, UNIFAB_AB_TEST: a gpu test that each baseline must pass to be timed);
 # UNIFAB_GPU_TESTS_LIMIT_S bounds the whole tests step (default 360 s: the 28 tests take ~170 s,
 # and a device call ends at 600 s) so that a hang still leaves its logs and the later steps run;
 # UNIFAB_SANITIZE_LIMIT_S bounds each compute-sanitizer run (default 150 s), UNIFAB_SANITIZE_TESTS
@@ -457,7 +457,15 @@ for step in $steps; do
     # device call's carry list).
     # Several baselines at once: UNIFAB_AB_PATCH="NAME=FILE NAME=FILE ..." (a bare FILE is named
     # base); each is the working tree with its patch reversed, and all run interleaved.
+    # The baselines build side by side (each a whole tree from scratch: in turn they would take
+    # most of a device call). UNIFAB_AB_TEST=CTEST_NAME also builds and runs that gpu test on each
+    # baseline before any timing, so that a variant which breaks the data is not timed as faster.
     variants=()
+    prepared=()
+    ab_targets="unifab-bench"
+    ab_test="${UNIFAB_AB_TEST:-}"
+    [ -n "$ab_test" ] && ab_targets="$ab_targets $(grep -o "add_test(NAME $ab_test COMMAND [^ ]* [^)]*" \
+      "$here"/tests/*/CMakeLists.txt | grep -o 'TARGET_FILE:[a-z_]*' | sed 's/TARGET_FILE://' | sort -u | tr '\n' ' ') unifab-launch"
     for spec in ${UNIFAB_AB_PATCH:-$here/ab.patch}; do
       name=base; patch_file="$spec"
       [[ "$spec" == *=* ]] && { name="${spec%%=*}"; patch_file="${spec#*=}"; }
@@ -468,10 +476,27 @@ for step in $steps; do
       if ! (cd "$base_src" && patch -R -p1 -s <"$patch_file") >"$logs/ab-patch-$name.log" 2>&1; then
         say "ab: $patch_file does not reverse-apply to this tree"; cat "$logs/ab-patch-$name.log"; failed=1; continue
       fi
-      cmake -S "$base_src" -B "$base_src/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-        ${NCCL_HOME:+-DNCCL_HOME="$NCCL_HOME"} >"$logs/ab-build-$name.log" 2>&1 &&
-        cmake --build "$base_src/build" -j "$(nproc)" --target unifab-bench >>"$logs/ab-build-$name.log" 2>&1 ||
-        { say "ab: the baseline $name does not build"; tail -20 "$logs/ab-build-$name.log"; failed=1; continue; }
+      prepared+=("$name")
+    done
+    jobs_each=$(( $(nproc) / (${#prepared[@]} > 0 ? ${#prepared[@]} : 1) )); [ "$jobs_each" -lt 2 ] && jobs_each=2
+    for name in "${prepared[@]}"; do
+      base_src="/tmp/unifab-ab-$name"
+      { cmake -S "$base_src" -B "$base_src/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+          ${NCCL_HOME:+-DNCCL_HOME="$NCCL_HOME"} &&
+          cmake --build "$base_src/build" -j "$jobs_each" --target $ab_targets; } >"$logs/ab-build-$name.log" 2>&1 &
+    done
+    wait
+    for name in "${prepared[@]}"; do
+      base_src="/tmp/unifab-ab-$name"
+      if [ ! -x "$base_src/build/tests/bench/unifab-bench" ]; then
+        say "ab: the baseline $name does not build"; tail -20 "$logs/ab-build-$name.log"; failed=1; continue
+      fi
+      if [ -n "$ab_test" ]; then
+        (cd "$base_src/build" && timeout 300 ctest -R "^$ab_test\$" --output-on-failure) >"$logs/ab-test-$name.log" 2>&1
+        test_status=$?
+        say "ab: $ab_test on $name: $(grep -E 'tests passed|tests failed' "$logs/ab-test-$name.log" | tail -1) (exit $test_status)"
+        if [ $test_status -ne 0 ]; then tail -30 "$logs/ab-test-$name.log"; failed=1; continue; fi
+      fi
       variants+=("$name")
     done
     [ ${#variants[@]} -eq 0 ] && continue
