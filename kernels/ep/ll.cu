@@ -53,10 +53,12 @@ __device__ __forceinline__ bool waitTag(const LlView& g, const uint64_t* word, u
   return waitUntil<true>(g, [&] { return loadAcquire(word) == epoch; });
 }
 
-// What a warp needs of the call before it writes anything: the epochs of the operation's two
+// What a block needs of the call before any of its warps writes: the epochs of the operation's two
 // phases, the epoch of the last send into the set, and whether the group has timed out. Lanes 0..3
-// each load one of the four words (loadStartWord), issued before the warp's first inputs so that
-// both are one round trip; every lane gets them all (epochsOf).
+// of the block's first warp each load one of the four words (loadStartWord), issued before that
+// warp's first inputs, and the block's barrier (blockStarted) hands them to every warp through
+// shared memory: the line that holds the counters takes one load per block and word, not one per
+// warp (1792 warps at 128 tokens queued there for up to 4 us).
 struct LlEpochs {
   uint64_t send, receive, lastUse;
   bool timedOut;
@@ -68,14 +70,14 @@ __device__ __forceinline__ uint64_t loadStartWord(const LlView& g, const LlOpCou
   return lane < 3 ? loadRelaxed(word) : 0;
 }
 
-__device__ __forceinline__ LlEpochs epochsOf(uint64_t startWord) {
-  return {__shfl_sync(0xffffffff, startWord, 0) + 1, __shfl_sync(0xffffffff, startWord, 1) + 1,
-          __shfl_sync(0xffffffff, startWord, 2), (__shfl_sync(0xffffffff, startWord, 3) & kErrorTimeout) != 0};
+// Every block, with its first four threads' start words (loadStartWord): the call's epochs in `e`,
+// and false if the group has timed out (the same answer in the whole block).
+__device__ __forceinline__ bool blockStarted(uint64_t* shared, uint64_t startWord, LlEpochs& e) {
+  if (threadIdx.x < 4) shared[threadIdx.x] = startWord;
+  __syncthreads();
+  e = {shared[0] + 1, shared[1] + 1, shared[2], (shared[3] & kErrorTimeout) != 0};
+  return !e.timedOut;
 }
-
-// Every block, once all its warps hold the call's epochs: false if the group has timed out (the
-// same answer in the whole block).
-__device__ __forceinline__ bool blockStarted(const LlEpochs& e) { return __syncthreads_or(e.timedOut) == 0; }
 
 // Tracing (UNIFAB_EP_TRACE): lane 0 of each warp keeps the global timer at each of its points
 // (0: not reached) and records them all after its work; block 0 stamps the kernel's start.
@@ -553,7 +555,8 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
   LlOpCounters* counters = &g.counters->dispatch;
   traceKernelStart(g);
   LlWarpStamps stamps;
-  const uint64_t startWord = loadStartWord(g, counters, set, lane);
+  __shared__ uint64_t startWords[4];
+  const uint64_t startWord = threadIdx.x < 4 ? loadStartWord(g, counters, set, lane) : 0;
   uint64_t partSeen = 0, bitsSeen = 0, bitmapMask = 0;
   PartInput part;
   const int messageItems = dispatchMessageItems(g, in);
@@ -566,9 +569,9 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
       bitmapMask = tokenRankMask(g, in, (warp - messageItems) * kWarp + lane);
     }
   }
-  const LlEpochs e = epochsOf(startWord);
+  LlEpochs e;
+  if (!blockStarted(startWords, startWord, e)) return;
   stamps.started = traceNow(g);
-  if (!blockStarted(e)) return;
   if (receive) receiveCounted(g, counters, e.receive);
   if (send) {
     dispatchSend(g, in, set, e, warp, warps, partSeen, bitsSeen, bitmapMask, part, stamps);
@@ -783,7 +786,8 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombi
   __shared__ alignas(16) char partStaging[kWarps][kPartStagingBytes];
   traceKernelStart(g);
   LlWarpStamps stamps;
-  const uint64_t startWord = loadStartWord(g, counters, set, lane);
+  __shared__ uint64_t startWords[4];
+  const uint64_t startWord = threadIdx.x < 4 ? loadStartWord(g, counters, set, lane) : 0;
   uint64_t firstSeen = 0, firstRanks = 0;
   int firstRow = -1;
   float firstWeight = 0.0f;
@@ -793,9 +797,9 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombi
     loadRowOf(g, in, set, slot, lane, firstRow, firstWeight);
   }
   if (receive && receiveWarp < in.numTokens * parts) firstRanks = __ldcg(g.sets[set].tokenRanks + receiveWarp / parts);
-  const LlEpochs e = epochsOf(startWord);
+  LlEpochs e;
+  if (!blockStarted(startWords, startWord, e)) return;
   stamps.started = traceNow(g);
-  if (!blockStarted(e)) return;
   if (receive) receiveCounted(g, counters, e.receive);
   if (send) {
     combineSend(g, in, set, e, warp, warps, firstSeen, firstRow, firstWeight, partStaging[threadIdx.x / kWarp], stamps);
