@@ -89,22 +89,24 @@ __device__ __forceinline__ bool timedOut(const WaitBounds& w, int timeoutCode) {
 }
 
 // Spins until `ready()` (a relaxed read of the awaited word), bounded by the timeout: false on
-// timeout (raising it) or as soon as another wait under `w` has timed out. kPause sleeps between
-// polls (32 ns growing to 256 ns) where many warps wait at once.
-template <bool kPause, typename Ready>
+// timeout (raising it) or soon after another wait under `w` has timed out. kPause sleeps between
+// polls (32 ns growing to kMaxPauseNs) where many warps wait at once. The group's error word is
+// read every eighth poll only: every waiting warp of the GPU reads that one line, and at a poll
+// each it queued the loads of the kernels' start words behind theirs.
+template <bool kPause, unsigned kMaxPauseNs = 256, typename Ready>
 __device__ __forceinline__ bool waitBounded(const WaitBounds& w, int timeoutCode, Ready ready) {
   if (ready()) return true;
   const uint64_t start = globalTimerNs();
   unsigned pause = 32;
-  while (!ready()) {
-    if (timedOut(w, timeoutCode)) return false;
+  for (unsigned polls = 1; !ready(); ++polls) {
+    if (polls % 8 == 0 && timedOut(w, timeoutCode)) return false;
     if (globalTimerNs() - start > w.timeoutNs) {
       raiseError(w.error, w.hostError, timeoutCode);
       return false;
     }
     if (kPause) {
       __nanosleep(pause);
-      pause = min(pause * 2, 256u);
+      pause = min(pause * 2, kMaxPauseNs);
     }
   }
   return true;

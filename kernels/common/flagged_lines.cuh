@@ -84,7 +84,8 @@ struct LineRun {
       if (lane / 8 < lines) pending |= 1u << i;
     }
     uint64_t start = 0;
-    for (bool first = true;; first = false) {
+    for (unsigned polls = 0;; ++polls) {
+      const bool first = polls == 0;
       __syncwarp();
 #pragma unroll
       for (int i = 0; i < kGroups; ++i) {
@@ -101,7 +102,7 @@ struct LineRun {
       if (lane == 0) {
         if (first) {
           start = globalTimerNs();
-        } else if (timedOut(bounds, timeoutCode)) {
+        } else if (polls % 8 == 0 && timedOut(bounds, timeoutCode)) {  // one line every waiter reads
           stop = true;
         } else if (globalTimerNs() - start > bounds.timeoutNs) {
           raiseError(bounds.error, bounds.hostError, timeoutCode);

@@ -38,9 +38,9 @@ __device__ __forceinline__ int receiveWarpIndex() {
   return (kWarps - 1 - static_cast<int>(threadIdx.x / kWarp)) * gridDim.x + blockIdx.x;
 }
 
-template <bool kPause, typename Ready>
+template <bool kPause, unsigned kMaxPauseNs = 256, typename Ready>
 __device__ __forceinline__ bool waitUntil(const LlView& g, Ready ready) {
-  return waitBounded<kPause>(bounds(g), kErrorTimeout, ready);
+  return waitBounded<kPause, kMaxPauseNs>(bounds(g), kErrorTimeout, ready);
 }
 
 // A wait's outcome made the same in every lane (a lane may see the group's timeout a poll earlier),
@@ -48,9 +48,10 @@ __device__ __forceinline__ bool waitUntil(const LlView& g, Ready ready) {
 __device__ __forceinline__ bool warpAll(bool ok) { return __all_sync(0xffffffff, ok) != 0; }
 
 // Waits until the 64-bit word at `word` carries exactly `epoch`; every poll is an acquire, so that
-// the data the word releases is readable without another round trip once it is seen.
+// the data the word releases is readable without another round trip once it is seen. The bitmap
+// has already announced the message, so the tag is due: polls at most 32 ns apart.
 __device__ __forceinline__ bool waitTag(const LlView& g, const uint64_t* word, uint64_t epoch) {
-  return waitUntil<true>(g, [&] { return loadAcquire(word) == epoch; });
+  return waitUntil<true, 32>(g, [&] { return loadAcquire(word) == epoch; });
 }
 
 // What a block needs of the call before any of its warps writes: the epochs of the operation's two
