@@ -452,10 +452,10 @@ void unifabEpGroup::logTrace(const unsigned long long* deviceTrace, int rank) co
       "combine: last tokens helped", "combine: tokens reduced", "combine: last block done",
       "LL dispatch: epochs read", "LL dispatch: first part quantized", "LL dispatch: warp's stores fenced",
       "LL dispatch: warp's tags sent", "LL dispatch: first message's tags in",
-      "LL dispatch: warp's messages copied", "LL dispatch: end (not recorded)", "LL combine: epochs read",
+      "LL dispatch: warp's messages copied", "LL dispatch: warp's stores issued", "LL combine: epochs read",
       "LL combine: first rows summed", "LL combine: warp's first lines stored", "LL combine: warp's last lines stored",
       "LL combine: first partials' lines in", "LL combine: warp's tokens summed",
-      "LL combine: end (not recorded)"};
+      "LL combine: (not recorded)"};
   static_assert(sizeof(names) / sizeof(names[0]) == kep::kTracePoints, "a name for every trace point");
   for (int p = 0; p < kep::kTracePoints; ++p) {
     const unsigned long long count = trace[kep::kTracePoints + p];

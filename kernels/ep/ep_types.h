@@ -166,14 +166,14 @@ enum TracePoint : int {
   kTraceLlDispatchSent,       // each sending warp: its last tags written
   kTraceLlDispatchTagsIn,     // each receiving warp: a message's part tags all in (its first message)
   kTraceLlDispatchReceived,   // each receiving warp: its last message copied
-  kTraceLlDispatchEnd,        // not recorded: slots are released warp by warp (no last block)
+  kTraceLlDispatchStored,     // each sending warp: its last part's stores issued (just before the fence)
   kTraceLlCombineStarted,
   kTraceLlCombineLoaded,      // each sending warp: its first item's expert rows summed
   kTraceLlCombineStored,      // each sending warp: its first part's lines stored
   kTraceLlCombineSent,        // each sending warp: its last part's lines stored
   kTraceLlCombineLinesIn,     // each receiving warp: its first token's first partials all in
   kTraceLlCombineReceived,
-  kTraceLlCombineEnd,         // not recorded, as kTraceLlDispatchEnd
+  kTraceLlCombineUnused,      // not recorded (the combine's lines need no fence): keeps both operations' points aligned
   kTracePoints
 };
 constexpr int kTraceCalls = 256;

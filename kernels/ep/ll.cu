@@ -83,10 +83,12 @@ __device__ __forceinline__ bool blockStarted(uint64_t* shared, uint64_t startWor
 // Tracing (UNIFAB_EP_TRACE): lane 0 of each warp keeps the global timer at each of its points
 // (0: not reached) and records them all after its work; block 0 stamps the kernel's start.
 // `published`: the dispatch's last part fenced, the combine's first part's lines stored;
-// `arrived`: the dispatch's first message's tags in, the combine's first partials' lines in.
+// `arrived`: the dispatch's first message's tags in, the combine's first partials' lines in;
+// `stored`: the dispatch's last part's stores issued, before its fence (so that the fence's wait
+// shows apart from the stores).
 // Stamps keep the timer's low 32 bits (differences within a call are far below 4 s).
 struct LlWarpStamps {
-  uint32_t started = 0, loaded = 0, published = 0, sent = 0, arrived = 0, received = 0;
+  uint32_t started = 0, loaded = 0, published = 0, sent = 0, arrived = 0, received = 0, stored = 0;
 };
 
 __device__ __forceinline__ uint32_t traceNow(const LlView& g) {
@@ -102,6 +104,14 @@ __device__ __forceinline__ uint32_t traceNowAfter(const LlView& g, uint32_t depe
   return now | 1u;
 }
 
+// The same, taken after every memory access before it in program order was issued.
+__device__ __forceinline__ uint32_t traceNowIssued(const LlView& g) {
+  if (g.trace == nullptr) return 0;
+  uint32_t now;
+  asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(now)::"memory");
+  return now | 1u;
+}
+
 __device__ __forceinline__ void traceKernelStart(const LlView& g) {
   if (g.trace != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
     *reinterpret_cast<volatile uint64_t*>(&g.counters->traceStart) = globalTimerNs();
@@ -112,8 +122,8 @@ __device__ __forceinline__ void traceKernelStart(const LlView& g) {
 __device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, uint64_t epoch, const LlWarpStamps& t) {
   if (g.trace == nullptr || threadIdx.x % kWarp != 0) return;
   const uint32_t start = static_cast<uint32_t>(*reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart));
-  const uint32_t at[] = {t.started, t.loaded, t.published, t.sent, t.arrived, t.received};
-  for (int i = 0; i < 6; ++i) {
+  const uint32_t at[] = {t.started, t.loaded, t.published, t.sent, t.arrived, t.received, t.stored};
+  for (int i = 0; i < 7; ++i) {
     // A warp that gets here before block 0 stamped this call's start reads the previous call's
     // start (an inflated time; tracing is a diagnostic), or a wrapped difference, left out.
     if (at[i] != 0 && at[i] - start < (1u << 31)) {
@@ -416,6 +426,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     // Every lane's writes, then the parts' tags (system scope: the reader is another GPU).
     __syncwarp();
     if (lane == 0) {
+      stamps.stored = traceNowIssued(g);
       fenceAcqRelSystem();
       stamps.published = traceNow(g);
       for (uint64_t m = ranks; m != 0; m &= m - 1) {
