@@ -462,14 +462,17 @@ for step in $steps; do
     # baseline before any timing, so that a variant which breaks the data is not timed as faster.
     variants=()
     prepared=()
-    ab_targets="unifab-bench"
     ab_test="${UNIFAB_AB_TEST:-}"
-    [ -n "$ab_test" ] && ab_targets="$ab_targets $(grep -o "add_test(NAME $ab_test COMMAND [^ ]* [^)]*" \
-      "$here"/tests/*/CMakeLists.txt | grep -o 'TARGET_FILE:[a-z_]*' | sed 's/TARGET_FILE://' | sort -u | tr '\n' ' ') unifab-launch"
+    # With a test to run, each baseline builds everything (the test's executable among it).
+    ab_targets=(--target unifab-bench)
+    [ -n "$ab_test" ] && ab_targets=()
     for spec in ${UNIFAB_AB_PATCH:-$here/ab.patch}; do
       name=base; patch_file="$spec"
       [[ "$spec" == *=* ]] && { name="${spec%%=*}"; patch_file="${spec#*=}"; }
       [[ "$patch_file" == /* ]] || patch_file="$here/$patch_file"
+      if [[ " ${prepared[*]} " == *" $name "* ]]; then
+        say "ab: two baselines named $name: name each (NAME=FILE)"; failed=1; continue
+      fi
       base_src="/tmp/unifab-ab-$name"
       rm -rf "$base_src" && mkdir -p "$base_src"
       (cd "$here" && tar --exclude='./build*' --exclude='./gpu-results' -cf - .) | tar -xf - -C "$base_src"
@@ -483,7 +486,7 @@ for step in $steps; do
       base_src="/tmp/unifab-ab-$name"
       { cmake -S "$base_src" -B "$base_src/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
           ${NCCL_HOME:+-DNCCL_HOME="$NCCL_HOME"} &&
-          cmake --build "$base_src/build" -j "$jobs_each" --target $ab_targets; } >"$logs/ab-build-$name.log" 2>&1 &
+          cmake --build "$base_src/build" -j "$jobs_each" ${ab_targets[@]+"${ab_targets[@]}"}; } >"$logs/ab-build-$name.log" 2>&1 &
     done
     wait
     for name in "${prepared[@]}"; do
@@ -492,14 +495,14 @@ for step in $steps; do
         say "ab: the baseline $name does not build"; tail -20 "$logs/ab-build-$name.log"; failed=1; continue
       fi
       if [ -n "$ab_test" ]; then
-        (cd "$base_src/build" && timeout 300 ctest -R "^$ab_test\$" --output-on-failure) >"$logs/ab-test-$name.log" 2>&1
+        (cd "$base_src/build" && timeout 300 ctest --no-tests=error -R "^$ab_test\$" --output-on-failure) >"$logs/ab-test-$name.log" 2>&1
         test_status=$?
         say "ab: $ab_test on $name: $(grep -E 'tests passed|tests failed' "$logs/ab-test-$name.log" | tail -1) (exit $test_status)"
         if [ $test_status -ne 0 ]; then tail -30 "$logs/ab-test-$name.log"; failed=1; continue; fi
       fi
       variants+=("$name")
     done
-    [ ${#variants[@]} -eq 0 ] && continue
+    [ ${#variants[@]} -eq 0 ] && { pack; continue; }
     ab_args="${UNIFAB_AB_ARGS:-ep --mode ht --sms 24 --ops dispatch,cached,empty --iters 30 --warmup 5}"
     say "== ab: $ab_args, baselines (${variants[*]}: patch reversed) and change, interleaved, ${UNIFAB_AB_REPS:-3} repetitions"
     for rep in $(seq 1 "${UNIFAB_AB_REPS:-3}"); do

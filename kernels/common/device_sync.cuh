@@ -91,8 +91,8 @@ __device__ __forceinline__ bool timedOut(const WaitBounds& w, int timeoutCode) {
 // Spins until `ready()` (a relaxed read of the awaited word), bounded by the timeout: false on
 // timeout (raising it) or soon after another wait under `w` has timed out. kPause sleeps between
 // polls (32 ns growing to kMaxPauseNs) where many warps wait at once. The group's error word is
-// read every eighth poll only: every waiting warp of the GPU reads that one line, and at a poll
-// each it queued the loads of the kernels' start words behind theirs.
+// read every eighth poll only: every waiting warp of the GPU reads that one line, and reading it at
+// every poll cost the LL dispatch + combine 0.5-0.7 us (docs/benchmarks/ep-ll.md).
 template <bool kPause, unsigned kMaxPauseNs = 256, typename Ready>
 __device__ __forceinline__ bool waitBounded(const WaitBounds& w, int timeoutCode, Ready ready) {
   if (ready()) return true;

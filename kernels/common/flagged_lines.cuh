@@ -84,8 +84,8 @@ struct LineRun {
       if (lane / 8 < lines) pending |= 1u << i;
     }
     uint64_t start = 0;
-    for (unsigned polls = 0;; ++polls) {
-      const bool first = polls == 0;
+    bool first = true;  // apart from `polls`, which may wrap in a wait of hours
+    for (unsigned polls = 0;; ++polls, first = false) {
       __syncwarp();
 #pragma unroll
       for (int i = 0; i < kGroups; ++i) {

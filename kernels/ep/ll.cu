@@ -59,7 +59,7 @@ __device__ __forceinline__ bool waitTag(const LlView& g, const uint64_t* word, u
 // of the block's first warp each load one of the four words (loadStartWord), issued before that
 // warp's first inputs, and the block's barrier (blockStarted) hands them to every warp through
 // shared memory: the line that holds the counters takes one load per block and word, not one per
-// warp (1792 warps at 128 tokens queued there for up to 4 us).
+// warp (with 1792 warps at 128 tokens, the blocks had their epochs 0.6 to 3 us after the start).
 struct LlEpochs {
   uint64_t send, receive, lastUse;
   bool timedOut;
@@ -104,7 +104,8 @@ __device__ __forceinline__ uint32_t traceNowAfter(const LlView& g, uint32_t depe
   return now | 1u;
 }
 
-// The same, taken after every memory access before it in program order was issued.
+// The same, kept after the memory accesses before it by the compiler; ptxas may still read the
+// timer before they issue, so such a stamp is a lower bound too.
 __device__ __forceinline__ uint32_t traceNowIssued(const LlView& g) {
   if (g.trace == nullptr) return 0;
   uint32_t now;
@@ -555,7 +556,8 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
 }
 
 // One dispatch kernel runs the send phase, the receive phase or both. Each warp loads its first
-// inputs, the call's epochs and the release words of the slots it writes first in one round trip;
+// inputs and the release words of the slots it writes first while its block's first warp loads the
+// call's epochs, all in one round trip;
 // each phase's epoch is recorded by the block that gets there last, without a barrier between the
 // phases; every receiving warp releases each slot it has read (the per-expert counts are complete
 // when every block is done).
