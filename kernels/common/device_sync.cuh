@@ -88,18 +88,23 @@ __device__ __forceinline__ bool timedOut(const WaitBounds& w, int timeoutCode) {
   return (*reinterpret_cast<const volatile int*>(w.error) & timeoutCode) != 0;
 }
 
+// The same, for poll `polls` of a wait: the group's error word is read every eighth poll only.
+// Every waiting warp of the GPU reads that one line, and reading it at every poll cost the LL
+// dispatch + combine 0.5-0.7 us (docs/benchmarks/ep-ll.md).
+__device__ __forceinline__ bool timedOutAtPoll(const WaitBounds& w, int timeoutCode, unsigned polls) {
+  return polls % 8 == 0 && timedOut(w, timeoutCode);
+}
+
 // Spins until `ready()` (a relaxed read of the awaited word), bounded by the timeout: false on
-// timeout (raising it) or soon after another wait under `w` has timed out. kPause sleeps between
-// polls (32 ns growing to kMaxPauseNs) where many warps wait at once. The group's error word is
-// read every eighth poll only: every waiting warp of the GPU reads that one line, and reading it at
-// every poll cost the LL dispatch + combine 0.5-0.7 us (docs/benchmarks/ep-ll.md).
+// timeout (raising it) or soon after another wait under `w` has timed out (timedOutAtPoll). kPause
+// sleeps between polls (32 ns growing to kMaxPauseNs) where many warps wait at once.
 template <bool kPause, unsigned kMaxPauseNs = 256, typename Ready>
 __device__ __forceinline__ bool waitBounded(const WaitBounds& w, int timeoutCode, Ready ready) {
   if (ready()) return true;
   const uint64_t start = globalTimerNs();
   unsigned pause = 32;
   for (unsigned polls = 1; !ready(); ++polls) {
-    if (polls % 8 == 0 && timedOut(w, timeoutCode)) return false;
+    if (timedOutAtPoll(w, timeoutCode, polls)) return false;
     if (globalTimerNs() - start > w.timeoutNs) {
       raiseError(w.error, w.hostError, timeoutCode);
       return false;

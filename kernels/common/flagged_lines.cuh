@@ -68,41 +68,46 @@ struct LineRun {
     }
   }
 
-  // Loads the lines of up to kGroups groups until every one carries `flag`, re-reading only the
-  // lines not yet flagged. `groupAt(i, lines)` gives group i's first line and sets how many of its
-  // lines (0-4) to load. The whole warp calls this together; false in every lane once the wait has
-  // lasted longer than `bounds.timeoutNs` (raising `timeoutCode`) or another wait of the group
-  // timed out.
+  // Loads the lines of up to kGroups groups until every one carries `flag`. `groupAt(i, lines)`
+  // gives group i's first line and sets how many of its lines (0-4) to load; group 0 has at least
+  // one. The whole warp calls this together; false in every lane once the wait has lasted longer
+  // than `bounds.timeoutNs` (raising `timeoutCode`) or another wait of the group timed out.
+  //
+  // Every poll loads every group, each straight into its registers, and the wait ends at the first
+  // poll that finds all lines flagged (a flagged line stays so for the call). Loading only the lines
+  // not yet flagged made each load conditional, which keeps the old value when skipped: the compiler
+  // then staged them through one or two temporary registers, so a poll's loads went one or two at a
+  // time (the LL combine's 8 groups in 4 round trips; docs/benchmarks/ep-ll.md, nineteenth session).
   template <typename GroupAt>
   __device__ bool load(GroupAt groupAt, uint64_t flag, int lane, const WaitBounds& bounds, int timeoutCode) {
-    unsigned pending = 0;
+    unsigned inRun = 0;  // groups whose line of this lane is in the run
+    int lines = 0;
 #pragma unroll
     for (int i = 0; i < kGroups; ++i) {
-      int lines = 0;
       groupAt(i, lines);
-      lo[i] = hi[i] = 0;
-      if (lane / 8 < lines) pending |= 1u << i;
+      inRun |= static_cast<unsigned>(lane / 8 < lines) << i;
     }
+    // Addresses are worked out again at each poll: kept, they would take 2 kGroups registers.
+    auto pieceOf = [&](int i) {
+      int unused = 0;
+      return (inRun >> i) & 1u ? groupAt(i, unused) + lane * 16 : groupAt(0, unused) + (lane % 8) * 16;
+    };
     uint64_t start = 0;
     bool first = true;  // apart from `polls`, which may wrap in a wait of hours
     for (unsigned polls = 0;; ++polls, first = false) {
-      __syncwarp();
 #pragma unroll
-      for (int i = 0; i < kGroups; ++i) {
-        int lines = 0;
-        if ((pending >> i) & 1u) loadLinePiece(groupAt(i, lines) + lane * 16, lo[i], hi[i]);
-      }
-      unsigned flagged = 0;
+      for (int i = 0; i < kGroups; ++i) loadLinePiece(pieceOf(i), lo[i], hi[i]);
+      unsigned unflagged = 0;
 #pragma unroll
-      for (int i = 0; i < kGroups; ++i) flagged |= static_cast<unsigned>(hi[i] == flag) << i;
+      for (int i = 0; i < kGroups; ++i) unflagged |= static_cast<unsigned>(hi[i] != flag) << i;
       // The line's flag lane decides for its eight lanes.
-      pending &= ~__shfl_sync(0xffffffff, flagged, lane | kFlagPiece);
+      const unsigned pending = __shfl_sync(0xffffffff, unflagged, lane | kFlagPiece) & inRun;
       if (__all_sync(0xffffffff, pending == 0)) return true;
       bool stop = false;
       if (lane == 0) {
         if (first) {
           start = globalTimerNs();
-        } else if (polls % 8 == 0 && timedOut(bounds, timeoutCode)) {  // one line every waiter reads
+        } else if (timedOutAtPoll(bounds, timeoutCode, polls)) {
           stop = true;
         } else if (globalTimerNs() - start > bounds.timeoutNs) {
           raiseError(bounds.error, bounds.hostError, timeoutCode);
