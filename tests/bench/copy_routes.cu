@@ -4,8 +4,9 @@
 // it, one on a copy engine takes about its time alone. Single process; the peer routes need a
 // second GPU. The zero-SM operations (pipeline send/recv, Engram's copy engine) choose their
 // copies by what this prints. With two GPUs it then measures what bounds those operations from
-// below: the copy engine's rate for row copies per issuing stream, and the latency of a zero-SM
-// hand-over between the GPUs and of a whole zero-SM rendezvous transfer.
+// below: one peer copy against the same bytes in pieces on several streams, the copy engine's rate
+// for row copies per issuing stream, and the latency of a zero-SM hand-over between the GPUs and
+// of a whole zero-SM rendezvous transfer.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -199,6 +200,103 @@ bool measureHandOver(char* local, char* peer, size_t maxBytes) {
   cudaEventDestroy(stop0);
   cudaFree(flag0);
   cudaFree(flush0);
+  return true;
+}
+
+// One peer copy (GPU 0 -> GPU 1) against the same bytes cut into pieces: in one batch call
+// (cudaMemcpyBatchAsync, as the PP engine issues its one copy), and on 2 or 4 streams of their own
+// forked from and joined back into the timing stream with events: whether several copy-engine
+// channels move one transfer faster than one does (issue 5 asks 351 GB/s at 16 MiB, above what one
+// copy reached). Timed alone after GPU 0's L2 is flushed (median of 20) and 20 back to back.
+bool measureSplitPeerCopy(char* local, char* peer, size_t maxBytes) {
+  constexpr int kMaxPieces = 4;
+  constexpr size_t kFlushBytes = size_t{256} << 20;
+  constexpr size_t kAlign = size_t{64} << 10;
+  cudaStream_t timing = nullptr;
+  cudaStream_t helpers[kMaxPieces] = {};
+  cudaEvent_t start = nullptr, stop = nullptr, fork = nullptr;
+  cudaEvent_t joins[kMaxPieces] = {};
+  char* flush = nullptr;
+  TEST_CUDA_CHECK(cudaMalloc(&flush, kFlushBytes));
+  TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&timing, cudaStreamNonBlocking));
+  TEST_CUDA_CHECK(cudaEventCreate(&start));
+  TEST_CUDA_CHECK(cudaEventCreate(&stop));
+  TEST_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  for (int k = 0; k < kMaxPieces; ++k) {
+    TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&helpers[k], cudaStreamNonBlocking));
+    TEST_CUDA_CHECK(cudaEventCreateWithFlags(&joins[k], cudaEventDisableTiming));
+  }
+  struct Way {
+    const char* name;
+    int pieces;
+    bool batch;  // one cudaMemcpyBatchAsync on the timing stream; else a stream per piece (1: plain copy)
+  };
+  const Way ways[] = {{"1 copy", 1, false}, {"1 copy, batch call", 1, true}, {"4 pieces, one batch call", 4, true},
+                      {"2 pieces, 2 streams", 2, false}, {"4 pieces, 4 streams", 4, false}};
+  // The copy of `bytes` the way `way` says, issued into `timing`'s order.
+  auto transfer = [&](size_t bytes, const Way& way) -> cudaError_t {
+    const size_t piece = (bytes / way.pieces + kAlign - 1) / kAlign * kAlign;
+    void* dsts[kMaxPieces];
+    const void* srcs[kMaxPieces];
+    size_t sizes[kMaxPieces];
+    int count = 0;
+    for (int k = 0; k < way.pieces; ++k) {
+      const size_t first = std::min(bytes, k * piece), size = std::min(bytes - first, piece);
+      if (size == 0) continue;
+      dsts[count] = peer + first;
+      srcs[count] = local + first;
+      sizes[count++] = size;
+    }
+    if (way.batch) {
+      return copyBatch(dsts, srcs, sizes, count, cudaMemcpySrcAccessOrderStream, cudaMemcpyFlagPreferOverlapWithCompute,
+                       timing);
+    }
+    if (count == 1) return cudaMemcpyAsync(dsts[0], srcs[0], sizes[0], cudaMemcpyDeviceToDevice, timing);
+    cudaError_t e = cudaEventRecord(fork, timing);
+    for (int k = 0; k < count && e == cudaSuccess; ++k) {
+      e = cudaStreamWaitEvent(helpers[k], fork, 0);
+      if (e == cudaSuccess) e = cudaMemcpyAsync(dsts[k], srcs[k], sizes[k], cudaMemcpyDeviceToDevice, helpers[k]);
+      if (e == cudaSuccess) e = cudaEventRecord(joins[k], helpers[k]);
+      if (e == cudaSuccess) e = cudaStreamWaitEvent(timing, joins[k], 0);
+    }
+    return e;
+  };
+  printf("# %-44s %10s %9s %10s\n", "peer write GPU 0 -> GPU 1, one transfer", "alone(us)", "GB/s", "b2b(us)");
+  for (size_t bytes = size_t{1} << 20; bytes <= maxBytes && bytes <= (size_t{256} << 20); bytes *= 4) {
+    for (const Way& way : ways) {
+      std::vector<double> samples;
+      for (int i = 0; i < 25; ++i) {
+        TEST_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xff, kFlushBytes, timing));
+        TEST_CUDA_CHECK(cudaEventRecord(start, timing));
+        TEST_CUDA_CHECK(transfer(bytes, way));
+        TEST_CUDA_CHECK(cudaEventRecord(stop, timing));
+        TEST_CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0;
+        TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        if (i >= 5) samples.push_back(ms * 1e3);
+      }
+      constexpr int kInRow = 20;
+      TEST_CUDA_CHECK(cudaEventRecord(start, timing));
+      for (int i = 0; i < kInRow; ++i) TEST_CUDA_CHECK(transfer(bytes, way));
+      TEST_CUDA_CHECK(cudaEventRecord(stop, timing));
+      TEST_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      const double us = median(samples);
+      const std::string name = formatBytes(bytes) + ", " + way.name;
+      printf("  %-44s %10.1f %9.1f %10.1f\n", name.c_str(), us, static_cast<double>(bytes) / (us * 1e3), ms * 1e3 / kInRow);
+    }
+  }
+  TEST_CUDA_CHECK(cudaDeviceSynchronize());
+  for (int k = 0; k < kMaxPieces; ++k) {
+    cudaStreamDestroy(helpers[k]);
+    cudaEventDestroy(joins[k]);
+  }
+  cudaEventDestroy(fork);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaStreamDestroy(timing);
+  cudaFree(flush);
   return true;
 }
 
@@ -413,6 +511,7 @@ bool run(size_t bytes, double busyMs) {
     printf("  %-44s %10.3f %12.3f %s\n", route.name, ms[0], ms[1], waited ? "waits for SMs" : "copy engine (no SM)");
   }
   TEST_CUDA_CHECK(cudaDeviceSynchronize());
+  if (peer != nullptr && !measureSplitPeerCopy(a, peer, bytes)) return false;
   if (peer != nullptr && !measureRowCopyStreams(b, peer, bytes)) return false;
   if (peer != nullptr) {
     // GPU 1's own buffers for the two-thread case: it pulls GPU 0's `a` into `peerLocal`.
