@@ -4,9 +4,9 @@
 // it, one on a copy engine takes about its time alone. Single process; the peer routes need a
 // second GPU. The zero-SM operations (pipeline send/recv, Engram's copy engine) choose their
 // copies by what this prints. With two GPUs it then measures what bounds those operations from
-// below: one peer copy against the same bytes in pieces on several streams, the copy engine's rate
-// for row copies per issuing stream, and the latency of a zero-SM hand-over between the GPUs and
-// of a whole zero-SM rendezvous transfer.
+// below: one peer copy against the same bytes in pieces (one batch call, or several streams), the
+// copy engine's rate for row copies per issuing stream, and the latency of a zero-SM hand-over
+// between the GPUs and of a whole zero-SM rendezvous transfer.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
