@@ -450,9 +450,9 @@ void unifabEpGroup::logTrace(const unsigned long long* deviceTrace, int rank) co
       "dispatch: count words in", "dispatch: receive counts", "dispatch: remote rows written",
       "dispatch: local rows written", "dispatch: peers' rows in", "combine: start handshake", "combine: partials sent",
       "combine: last tokens helped", "combine: tokens reduced", "combine: last block done",
-      "LL dispatch: epochs read", "LL dispatch: first part quantized", "LL dispatch: warp's stores fenced",
-      "LL dispatch: warp's tags sent", "LL dispatch: first message's tags in",
-      "LL dispatch: warp's messages copied", "LL dispatch: warp's stores issued", "LL combine: epochs read",
+      "LL dispatch: epochs read", "LL dispatch: first part quantized", "LL dispatch: warp's lines stored",
+      "LL dispatch: warp's last item done", "LL dispatch: first message's lines in",
+      "LL dispatch: warp's messages copied", "LL dispatch: (not recorded)", "LL combine: epochs read",
       "LL combine: first rows summed", "LL combine: warp's first lines stored", "LL combine: warp's last lines stored",
       "LL combine: first partials' lines in", "LL combine: warp's tokens summed",
       "LL combine: (not recorded)"};

@@ -20,8 +20,6 @@ namespace kep = unifab::kernels::ep;
 
 namespace {
 
-size_t roundUp(size_t value, size_t to) { return (value + to - 1) / to * to; }
-
 bool validPhase(int phase) {
   return phase == unifabEpSendAndReceive || phase == unifabEpSendOnly || phase == unifabEpReceiveOnly;
 }
@@ -37,12 +35,9 @@ Result unifabEpGroup::planLowLatencyLayout(const unifabEpConfig_t& config, int n
   const size_t tokens = static_cast<size_t>(config.maxTokensPerRank);
   const int parts = kep::llParts(config.hidden);
   L.bitWords = static_cast<int>((tokens + 31) / 32);
-  // A message: BF16-sized payload, scales, top-k ids and weights, then one tag per part.
-  L.scalesOffset = config.hidden * 2;
-  L.idsOffset = L.scalesOffset + static_cast<int>(sizeof(float)) * (config.hidden / kep::kScaleBlock);
-  L.weightsOffset = L.idsOffset + static_cast<int>(sizeof(int)) * config.topk;
-  L.tagsOffset = static_cast<int>(roundUp(L.weightsOffset + sizeof(float) * config.topk, sizeof(uint64_t)));
-  L.messageBytes = static_cast<int>(roundUp(L.tagsOffset + sizeof(uint64_t) * parts, 16));
+  // A message: a run of flagged lines, each part's (kernels/ep/ll_kernels.h: llPartLines).
+  const int partLines = std::max(kep::llPartLines(false, config.topk), kep::llPartLines(true, config.topk));
+  L.messageBytes = parts * partLines * unifab::kernels::kLineBytes;
 
   unifab::collectives::ep::Carver set(nullptr);
   L.tokenBits = set.reserve(sizeof(uint64_t) * nRanks * L.bitWords);

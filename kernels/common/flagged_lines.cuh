@@ -119,4 +119,46 @@ struct LineRun {
   }
 };
 
+// Waits until lines [0, lines) of the run at `run` all carry `flag`, reading only their flags: lane
+// l polls lines l, l + 32, ... (up to kFlagLoads at once, all in flight). Once it returns true the
+// lines are whole in memory, so that loads issued after it (the warp's copy of the payload) read
+// them. The whole warp calls this together; false in every lane on timeout (raising `timeoutCode`)
+// or after another wait of the group timed out.
+template <int kFlagLoads = 8>
+__device__ bool waitLineFlags(const char* run, int lines, uint64_t flag, int lane, const WaitBounds& bounds, int timeoutCode) {
+  constexpr int kFlagOffset = kLineBytes - 8;
+  for (int base = 0; base < lines; base += kFlagLoads * 32) {
+    uint64_t start = 0;
+    bool first = true;  // apart from `polls`, which may wrap in a wait of hours
+    for (unsigned polls = 0;; ++polls, first = false) {
+      uint64_t seen[kFlagLoads];
+      // Every load issued, a line past the run reading line 0's flag instead: a conditional load
+      // would be staged through one register, one load at a time.
+#pragma unroll
+      for (int i = 0; i < kFlagLoads; ++i) {
+        const int line = base + i * 32 + lane;
+        const char* at = run + static_cast<size_t>(line < lines ? line : 0) * kLineBytes + kFlagOffset;
+        asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(seen[i]) : "l"(at) : "memory");
+      }
+      bool mine = true;
+#pragma unroll
+      for (int i = 0; i < kFlagLoads; ++i) mine = mine && seen[i] == flag;
+      if (__all_sync(0xffffffff, mine)) break;
+      bool stop = false;
+      if (lane == 0) {
+        if (first) {
+          start = globalTimerNs();
+        } else if (timedOutAtPoll(bounds, timeoutCode, polls)) {
+          stop = true;
+        } else if (globalTimerNs() - start > bounds.timeoutNs) {
+          raiseError(bounds.error, bounds.hostError, timeoutCode);
+          stop = true;
+        }
+      }
+      if (__shfl_sync(0xffffffff, stop, 0)) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace unifab::kernels

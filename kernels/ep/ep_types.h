@@ -162,11 +162,11 @@ enum TracePoint : int {
   // no round trip to the phases it measures):
   kTraceLlDispatchStarted,    // each warp: its block's barrier passed with the call's epochs (its first inputs were issued before)
   kTraceLlDispatchLoaded,     // each sending warp: its first part's inputs arrived (quantized)
-  kTraceLlDispatchFenced,     // each sending warp: its last part's stores fenced
-  kTraceLlDispatchSent,       // each sending warp: its last tags written
-  kTraceLlDispatchTagsIn,     // each receiving warp: a message's part tags all in (its first message)
+  kTraceLlDispatchFenced,     // each sending warp: its last part's lines stored
+  kTraceLlDispatchSent,       // each sending warp: its last item (part or bitmap word) done
+  kTraceLlDispatchTagsIn,     // each receiving warp: its first message's lines all in
   kTraceLlDispatchReceived,   // each receiving warp: its last message copied
-  kTraceLlDispatchStored,     // each sending warp: its last part's stores issued (just before the fence)
+  kTraceLlDispatchStored,     // not recorded since the dispatch's lines need no fence
   kTraceLlCombineStarted,
   kTraceLlCombineLoaded,      // each sending warp: its first item's expert rows summed
   kTraceLlCombineStored,      // each sending warp: its first part's lines stored

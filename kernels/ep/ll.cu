@@ -14,7 +14,12 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kWarps = kLlWarpsPerBlock;
 constexpr int kThreads = kWarps * kWarp;
-constexpr int kVectorsPerLane = kLlPartValues / (kWarp * 8);  // 16-byte BF16 vectors of a part per lane
+constexpr int kVectorsPerLane = (kLlPartValues + kWarp * 8 - 1) / (kWarp * 8);  // 16-byte BF16 vectors of a part per lane
+// A sending warp's part stream in shared memory (kernels/ep/ll_kernels.h: llPartLines), at most a
+// BF16 part with the largest header, and the line groups that carry it.
+constexpr int kPartStreamBytes = kLlPartValues * 2 + llHeaderBytes(kMaxTopk);
+constexpr int kPartSendGroups = (linesFor(kPartStreamBytes) + kLinesPerGroup - 1) / kLinesPerGroup;
+static_assert(kPartSendGroups * kLinesPerGroup >= llPartLines(false, kMaxTopk), "a part's lines fit one send run");
 constexpr float kFp8Max = 448.0f;                             // largest finite e4m3 value
 constexpr float kMinAmax = 1e-4f;                             // an all-zero block still gets a finite scale
 constexpr int kPartGroups = kLlCombinePartLines / kLinesPerGroup;  // of a combine partial's part
@@ -47,13 +52,6 @@ __device__ __forceinline__ bool waitUntil(const LlView& g, Ready ready) {
 // so that the warp leaves a loop of shuffles together.
 __device__ __forceinline__ bool warpAll(bool ok) { return __all_sync(0xffffffff, ok) != 0; }
 
-// Waits until the 64-bit word at `word` carries exactly `epoch`; every poll is an acquire, so that
-// the data the word releases is readable without another round trip once it is seen. The bitmap
-// has already announced the message, so the tag is due: polls at most 32 ns apart.
-__device__ __forceinline__ bool waitTag(const LlView& g, const uint64_t* word, uint64_t epoch) {
-  return waitUntil<true, 32>(g, [&] { return loadAcquire(word) == epoch; });
-}
-
 // What a block needs of the call before any of its warps writes: the epochs of the operation's two
 // phases, the epoch of the last send into the set, and whether the group has timed out. Lanes 0..3
 // of the block's first warp each load one of the four words (loadStartWord), issued before that
@@ -82,10 +80,9 @@ __device__ __forceinline__ bool blockStarted(uint64_t* shared, uint64_t startWor
 
 // Tracing (UNIFAB_EP_TRACE): lane 0 of each warp keeps the global timer at each of its points
 // (0: not reached) and records them all after its work; block 0 stamps the kernel's start.
-// `published`: the dispatch's last part fenced, the combine's first part's lines stored;
-// `arrived`: the dispatch's first message's tags in, the combine's first partials' lines in;
-// `stored`: the dispatch's last part's stores issued, before its fence (so that the fence's wait
-// shows apart from the stores).
+// `published`: the dispatch's last part's lines stored, the combine's first part's lines stored;
+// `arrived`: the dispatch's first message's first round of lines in, the combine's first partials'
+// lines in; `stored`: unused since the dispatch has no fence (kept so both operations' points align).
 // Stamps keep the timer's low 32 bits (differences within a call are far below 4 s).
 struct LlWarpStamps {
   uint32_t started = 0, loaded = 0, published = 0, sent = 0, arrived = 0, received = 0, stored = 0;
@@ -331,7 +328,7 @@ __device__ __forceinline__ int firstBitWord(int messageItems, int warp, int warp
 // tokenRankMask: its first item's if that is a bitmap word) were loaded with the epochs.
 __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set, const LlEpochs& e, int warp, int warps,
                              uint64_t partSeen, uint64_t bitsSeen, uint64_t bitmapMask, PartInput& part,
-                             LlWarpStamps& stamps) {
+                             char* staging, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
   // Bitmap word c goes to every rank: slots 32 c .. 32 c + 31 of this rank, read by every rank.
   auto bitsFree = [&](int c, uint64_t seen) {
@@ -404,37 +401,46 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
       }
     }
     if (stamps.loaded == 0) stamps.loaded = traceNowAfter(g, in.fp8 ? quantized[0].x : part.raw[0].x + part.raw[0].w);
-    if (!slotFree(t, ranks, seen)) return;
-    for (uint64_t m = ranks; m != 0; m &= m - 1) {
-      const int d = __ffsll(static_cast<long long>(m)) - 1;
-      char* msg = messageAt(g, d, set, g.rank, t);
+    // The part's stream in the warp's staging buffer: values, FP8's scales (lanes 0 and 16 of
+    // vector i hold blocks 2i and 2i + 1; blocks past the part get 0), part 0's header.
+    __syncwarp();  // the previous item's stream has been staged into lines
+    const int dataBytes = partValues * (in.fp8 ? 1 : 2);
 #pragma unroll
-      for (int i = 0; i < kVectorsPerLane; ++i) {
-        const int value = first + i * 256 + lane * 8;
-        if (i * 256 + lane * 8 >= partValues) continue;
+    for (int i = 0; i < kVectorsPerLane; ++i) {
+      const int value = i * 256 + lane * 8;
+      if (value < partValues) {
         if (in.fp8) {
-          *reinterpret_cast<uint2*>(msg + value) = quantized[i];
-          if (lane % 16 == 0) reinterpret_cast<float*>(msg + g.layout.scalesOffset)[value / kScaleBlock] = scale[i];
+          *reinterpret_cast<uint2*>(staging + value) = quantized[i];
         } else {
-          *reinterpret_cast<int4*>(msg + static_cast<size_t>(value) * 2) = part.raw[i];
+          *reinterpret_cast<int4*>(staging + value * 2) = part.raw[i];
         }
       }
-      if (p == 0 && lane < g.topk) {
-        reinterpret_cast<int*>(msg + g.layout.idsOffset)[lane] = id;
-        reinterpret_cast<float*>(msg + g.layout.weightsOffset)[lane] = part.weight;
-      }
+      if (in.fp8 && lane % 16 == 0) reinterpret_cast<float*>(staging + dataBytes)[value / kScaleBlock] = value < partValues ? scale[i] : 0.0f;
     }
-    // Every lane's writes, then the parts' tags (system scope: the reader is another GPU).
+    int streamBytes = dataBytes + llScaleBytes(in.fp8);
+    if (p == 0) {
+      // A part 0 shorter than kLlPartValues (hidden < kLlPartValues) leaves a gap before the header.
+      for (int w = streamBytes / 4 + lane; w < llHeaderAt(in.fp8) / 4; w += kWarp) reinterpret_cast<int*>(staging)[w] = 0;
+      streamBytes = llHeaderAt(in.fp8);
+      int* header = reinterpret_cast<int*>(staging + streamBytes);
+      if (lane < g.topk) {
+        header[lane] = id;
+        header[g.topk + lane] = __float_as_int(part.weight);
+      }
+      for (int w = 2 * g.topk + lane; w < llHeaderBytes(g.topk) / 4; w += kWarp) header[w] = 0;
+      streamBytes += llHeaderBytes(g.topk);
+    }
     __syncwarp();
-    if (lane == 0) {
-      stamps.stored = traceNowIssued(g);
-      fenceAcqRelSystem();
-      stamps.published = traceNow(g);
-      for (uint64_t m = ranks; m != 0; m &= m - 1) {
-        const int d = __ffsll(static_cast<long long>(m)) - 1;
-        storeRelaxed(reinterpret_cast<uint64_t*>(messageAt(g, d, set, g.rank, t) + g.layout.tagsOffset) + p, e.send);
-      }
+    LineRun<kPartSendGroups> run;
+    run.stage(staging, streamBytes, e.send, lane);
+    if (!slotFree(t, ranks, seen)) return;
+    // Each line carries its flag: no fence, no tag.
+    const int partLines = llPartLines(in.fp8, g.topk);
+    for (uint64_t m = ranks; m != 0; m &= m - 1) {
+      const int d = __ffsll(static_cast<long long>(m)) - 1;
+      run.store(messageAt(g, d, set, g.rank, t) + static_cast<size_t>(p) * partLines * kLineBytes, partLines, lane);
     }
+    if (lane == 0) stamps.published = traceNowIssued(g);  // no fence: `stored` stays unrecorded
   }
 
   // What each rank should expect: one tagged bitmap word per 32 tokens (all of maxTokens, so
@@ -458,27 +464,47 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   clearCounts();
 }
 
-// 16-byte vectors of a message a receiving warp holds at once: a whole FP8 row of hidden 7168
-// (448 vectors), half a BF16 one.
-constexpr int kReceiveVectorsPerLane = 16;
+// 16-byte vectors of a message a receiving warp holds at once (an FP8 row of hidden 7168 in two
+// chunks): 14 or 16, as on main, spill ~300 bytes here, each vector's offset in the run of lines
+// being a register where main's is an immediate.
+constexpr int kReceiveVectorsPerLane = 8;
+
+// Where byte `at` of part p's stream lies in the message's run of lines (each line carries 112
+// payload bytes in its first 112 bytes).
+__device__ __forceinline__ const char* streamByte(const char* run, int partLines, int p, int at) {
+  return run + (static_cast<size_t>(p) * partLines + at / kLinePayloadBytes) * kLineBytes + at % kLinePayloadBytes;
+}
 
 // The receive phase: a warp per message slot (source rank, token), the slots dealt over the blocks
-// first (receiveWarpIndex), so that a few messages still spread over many SMs. Once all of a
-// message's part tags are in, the warp hands out the message's rows (the set's recvCount of each
-// local expert it names, once this rank's send phase has cleared them), notes them for combine,
-// and copies the payload into each row with its loads in flight during the hand-out.
+// first (receiveWarpIndex), so that a few messages still spread over many SMs. Once every line of
+// the message carries the call's epoch (waitLineFlags: the flags only, a load per line, all in
+// flight), the warp reads the top-k ids and weights from part 0's header, hands out the message's
+// rows (the set's recvCount of each local expert it names, once this rank's send phase has
+// cleared them), notes them for combine, and copies the payload into each row in row order, its
+// loads (each 16-byte vector from its line) in flight during the hand-out.
 __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
   const int warp = receiveWarpIndex();
   const int warps = gridDim.x * kWarps;
   const LlSetLocal& local = g.sets[set];
-  const int parts = llParts(g.hidden);
   const int valueBytes = in.fp8 ? 1 : 2;
   const size_t rowBytes = static_cast<size_t>(g.hidden) * valueBytes;
   const int vectors = static_cast<int>(rowBytes / 16);
   const int scalesPerRow = g.hidden / kScaleBlock;
+  const int partLines = llPartLines(in.fp8, g.topk);
+  const int runLines = llParts(g.hidden) * partLines;
+  constexpr int kPartScales = kLlPartValues / kScaleBlock;
   const uint64_t* tokenBits = reinterpret_cast<const uint64_t*>(at(g, g.rank, setOffset(g, set) + g.layout.tokenBits));
   const int firstExpert = g.rank * g.numLocalExperts;
+  // Row vector j is vector k = j % vectorsPerPart of part p = j / vectorsPerPart; a part's values
+  // fill whole lines, 7 vectors a line, so it lies 16 (k + k / 7) bytes into the part's run. A
+  // 32-bit offset: the warp holds kReceiveVectorsPerLane of them at once.
+  const int partRunBytes = partLines * kLineBytes;
+  auto vectorOffset = [&](int j) {
+    const int p = in.fp8 ? j / (kLlPartValues / 16) : j / (kLlPartValues * 2 / 16);
+    const int k = j - p * (kLlPartValues * valueBytes / 16);
+    return p * partRunBytes + 16 * (k + k / 7);
+  };
   bool countsCleared = false;
   for (int slot = warp; slot < g.nRanks * g.maxTokens; slot += warps) {
     const int s = slot / g.maxTokens, t = slot % g.maxTokens;
@@ -492,30 +518,35 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       releaseSlot(slotReleased, epoch, lane);
       continue;
     }
-    const char* msg = messageAt(g, g.rank, set, s, t);
-    const uint64_t* tags = reinterpret_cast<const uint64_t*>(msg + g.layout.tagsOffset);
-    // The counts cleared by this rank's send phase (long before the parts' tags come, as a rule).
-    bool ok = countsCleared || waitUntil<true>(g, [&] { return loadAcquireGpu(&g.counters->countsCleared[set]) == epoch; });
+    const char* run = messageAt(g, g.rank, set, s, t);
+    // The counts cleared by this rank's send phase (long before the lines come, as a rule).
+    if (!warpAll(countsCleared || waitUntil<true>(g, [&] { return loadAcquireGpu(&g.counters->countsCleared[set]) == epoch; }))) {
+      return;
+    }
     countsCleared = true;
-    for (int p = lane; p < parts && ok; p += kWarp) ok = waitTag(g, tags + p, epoch);
-    if (!warpAll(ok)) return;
-    __syncwarp();  // each lane's acquire of its parts orders every lane's reads below
+    if (!waitLineFlags(run, runLines, epoch, lane, bounds(g), kErrorTimeout)) return;
     if (stamps.arrived == 0) stamps.arrived = traceNow(g);
-    const int4* payload = reinterpret_cast<const int4*>(msg);
     int4 v[kReceiveVectorsPerLane];
     auto loadChunk = [&](int c0) {
 #pragma unroll
       for (int i = 0; i < kReceiveVectorsPerLane; ++i) {
         const int j = c0 + i * kWarp + lane;
-        if (j < vectors) v[i] = __ldcv(payload + j);
+        if (j < vectors) v[i] = __ldcv(reinterpret_cast<const int4*>(run + vectorOffset(j)));
       }
     };
     loadChunk(0);
-    const float firstScale = in.fp8 && lane < scalesPerRow ? __ldcv(reinterpret_cast<const float*>(msg + g.layout.scalesOffset) + lane) : 0.0f;
+    // Scale i of the row: part i / kPartScales, after that part's values in its stream.
+    auto scaleAt = [&](int i) {
+      const int p = i / kPartScales;
+      const int partValues = min(kLlPartValues, g.hidden - p * kLlPartValues);
+      return reinterpret_cast<const float*>(streamByte(run, partLines, p, partValues + 4 * (i - p * kPartScales)));
+    };
+    const float firstScale = in.fp8 && lane < scalesPerRow ? __ldcv(scaleAt(lane)) : 0.0f;
     int row = -1;
     if (lane < g.topk) {
-      const int id = __ldcv(reinterpret_cast<const int*>(msg + g.layout.idsOffset) + lane);
-      const float weight = __ldcv(reinterpret_cast<const float*>(msg + g.layout.weightsOffset) + lane);
+      const int headerAt = llHeaderAt(in.fp8);
+      const int id = __ldcv(reinterpret_cast<const int*>(streamByte(run, partLines, 0, headerAt + 4 * lane)));
+      const float weight = __ldcv(reinterpret_cast<const float*>(streamByte(run, partLines, 0, headerAt + 4 * (g.topk + lane))));
       if (id >= firstExpert && id < firstExpert + g.numLocalExperts) {
         const int e = id - firstExpert;
         row = e * g.expertStride + atomicAdd(local.recvCount + e, 1);
@@ -540,10 +571,9 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       }
     }
     if (in.fp8) {
-      const float* scales = reinterpret_cast<const float*>(msg + g.layout.scalesOffset);
       for (int i0 = 0; i0 < scalesPerRow; i0 += kWarp) {
         const int i = i0 + lane;
-        const float scale = i0 < kWarp ? firstScale : i < scalesPerRow ? __ldcv(scales + i) : 0.0f;
+        const float scale = i0 < kWarp ? firstScale : i < scalesPerRow ? __ldcv(scaleAt(i)) : 0.0f;
         for (unsigned m = targets; m != 0; m &= m - 1) {
           const size_t to = static_cast<size_t>(__shfl_sync(0xffffffff, row, __ffs(m) - 1));
           if (i < scalesPerRow) local.recvScales[to * scalesPerRow + i] = scale;
@@ -570,6 +600,8 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
   traceKernelStart(g);
   LlWarpStamps stamps;
   __shared__ uint64_t startWords[4];
+  // Per warp: the part stream it sends.
+  __shared__ alignas(16) char partStreams[kWarps][kPartStreamBytes];
   const uint64_t startWord = threadIdx.x < 4 ? loadStartWord(g, counters, set, lane) : 0;
   uint64_t partSeen = 0, bitsSeen = 0, bitmapMask = 0;
   PartInput part;
@@ -588,11 +620,13 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
   stamps.started = traceNow(g);
   if (receive) receiveCounted(g, counters, e.receive);
   if (send) {
-    dispatchSend(g, in, set, e, warp, warps, partSeen, bitsSeen, bitmapMask, part, stamps);
+    dispatchSend(g, in, set, e, warp, warps, partSeen, bitsSeen, bitmapMask, part, partStreams[threadIdx.x / kWarp], stamps);
     if (warp < messageItems + g.layout.bitWords) stamps.sent = traceNow(g);
     sendCounted(g, counters, set, e.send);
   }
-  if (receive) dispatchReceive(g, in, set, e.receive, stamps);
+  if (receive) {
+    dispatchReceive(g, in, set, e.receive, stamps);
+  }
   traceWarp(g, kTraceLlDispatchStarted, send ? e.send : e.receive, stamps);
 }
 

@@ -2,8 +2,10 @@
 //
 // Dispatch: every token goes once to each rank that hosts one of its experts, as a message in the
 // receiver's window at a fixed slot [source rank][token], so no sender waits for counts. A message
-// is cut into parts of kLlPartValues values, each written by one warp and followed by its own
-// epoch tag, so that many warps carry one token at once. Each sender also writes, per 32 tokens, a
+// is cut into parts of kLlPartValues values, each written by one warp as flagged lines
+// (kernels/common/flagged_lines.cuh: each 128-byte line carries the call's epoch, so the sender
+// writes no fence and no tag), so that many warps carry one token at once; part 0 also carries the
+// token's top-k ids and weights. Each sender also writes, per 32 tokens, a
 // tagged bitmap of the tokens it sends, which tells the receiver what to wait for. The receiver
 // places each message in the region of every local expert it names (rows handed out in arrival
 // order by its recvCount, which the send phase clears) and notes the rows for combine.
@@ -34,11 +36,25 @@
 
 namespace unifab::kernels::ep {
 
-constexpr int kLlPartValues = 1024;  // values per message part: one warp, 32 values per lane
+constexpr int kLlPartValues = 7 * kScaleBlock;  // values per message part (one warp): whole lines in either dtype
 constexpr int kLlSets = 2;
 constexpr int kLlWarpsPerBlock = 16;  // a phase of a few hundred parts spreads over many SMs
 
 UNIFAB_HOST_DEVICE inline int llParts(int hidden) { return (hidden + kLlPartValues - 1) / kLlPartValues; }
+// A dispatch part travels as a stream of bytes cut into flagged lines: its values (FP8 or BF16),
+// for FP8 its scales (a float per 128 values, 8 slots), and for part 0 the token's top-k ids then
+// weights (int32 and float, padded to 16 bytes). Every part of a message takes llPartLines lines
+// (part 0's count; the others' last lines are padding), so the lines of (source, token) are one run.
+UNIFAB_HOST_DEVICE constexpr int llScaleBytes(bool fp8) { return fp8 ? 8 * 4 : 0; }
+UNIFAB_HOST_DEVICE constexpr int llHeaderBytes(int topk) { return (8 * topk + 15) / 16 * 16; }
+// Where part 0's stream holds the header: after a whole part's values and the scales, also when
+// hidden < kLlPartValues (the sender zero-fills the gap), so that the receiver needs no hidden.
+UNIFAB_HOST_DEVICE constexpr int llHeaderAt(bool fp8) { return kLlPartValues * (fp8 ? 1 : 2) + llScaleBytes(fp8); }
+UNIFAB_HOST_DEVICE constexpr int llPartLines(bool fp8, int topk) {
+  return linesFor(kLlPartValues * (fp8 ? 1 : 2) + llScaleBytes(fp8) + llHeaderBytes(topk));
+}
+static_assert(kLlPartValues % kScaleBlock == 0 && kLlPartValues / kScaleBlock <= 8, "a part's scales fit their 8 slots");
+static_assert(kLlPartValues % kLinePayloadBytes == 0, "a part's FP8 values fill whole lines");
 
 // Values per part of a combine partial (one warp): its BF16 payload fills kLlCombinePartLines lines.
 constexpr int kLlCombinePartValues = 7 * kScaleBlock;
@@ -61,12 +77,12 @@ struct LlLayout {
   size_t setBase;
   size_t setBytes;
   size_t tokenBits;     // uint64 [nRanks][bitWords]: tagged bitmaps of the tokens rank s sends us
-  size_t messages;      // [nRanks][maxTokens][messageBytes]: slot of (source rank, token)
+  size_t messages;      // [nRanks][maxTokens][messageBytes]: slot of (source rank, token), a run of
+                        //   llParts x llPartLines flagged lines
   size_t partials;      // [nRanks][maxTokens][partialBytes]: lines of rank d's combine partial for our token t
   size_t total;
   int bitWords;         // ceil(maxTokens / 32)
-  int messageBytes;     // payload (sized for BF16) | scales | top-k ids | top-k weights | part tags
-  int scalesOffset, idsOffset, weightsOffset, tagsOffset;
+  int messageBytes;     // sized for the larger of the two dtypes' runs
   int partialBytes;     // llCombineParts(hidden) runs of kLlCombinePartLines lines
 };
 

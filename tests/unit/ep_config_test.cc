@@ -83,9 +83,10 @@ TEST(EpConfig, EachBadFieldIsNamed) {
   EXPECT_EQ(unifabEpBufferSize(nullptr, 2, &bytes), unifabInvalidArgument);
 }
 
-// Low latency: two buffer sets, each with a message slot per (source rank, token) (BF16-sized
-// payload, scales, top-k ids and weights, part tags) and a BF16 combine partial per (rank, token)
-// as flagged lines (112 payload bytes in each 128-byte line: 7168 values are 8 parts of 16 lines);
+// Low latency: two buffer sets, each with a message slot per (source rank, token) and a BF16
+// combine partial per (rank, token), both as flagged lines (112 payload bytes in each 128-byte
+// line): a BF16 message of 7168 values is 8 parts of 17 lines (part 0's 1792 value bytes and 64
+// header bytes for top-8; every part takes as many), a partial 8 parts of 16 lines;
 // the per-expert receive regions live in ordinary device memory, not in the window.
 TEST(EpConfig, LowLatencyBufferSizeCoversTwoSetsOfMessagesAndPartials) {
   unifabEpConfig_t config = standard();
@@ -94,10 +95,10 @@ TEST(EpConfig, LowLatencyBufferSizeCoversTwoSetsOfMessagesAndPartials) {
   size_t bytes = 0;
   ASSERT_EQ(unifabEpBufferSize(&config, 2, &bytes), unifabSuccess);
   const size_t slots = size_t{2} * 128;
-  const size_t message = 7168 * 2 + 7168 / 128 * 4 + 8 * 8;
+  const size_t message = 8 * 17 * 128;
   const size_t partial = 8 * 16 * 128;
   EXPECT_GE(bytes, 2 * slots * (message + partial));
-  EXPECT_LT(bytes, 2 * slots * (message + partial) + (size_t{1} << 20)) << "tags and bitmaps stay small";
+  EXPECT_LT(bytes, 2 * slots * (message + partial) + (size_t{1} << 20)) << "release words and bitmaps stay small";
   config.maxTokensPerRank = 1025;
   EXPECT_EQ(unifabEpBufferSize(&config, 2, &bytes), unifabInvalidArgument);
   EXPECT_NE(std::string(unifabGetLastError()).find("config->maxTokensPerRank"), std::string::npos)
