@@ -95,6 +95,30 @@ __device__ __forceinline__ bool timedOutAtPoll(const WaitBounds& w, int timeoutC
   return polls % 8 == 0 && timedOut(w, timeoutCode);
 }
 
+// The bound of a warp's own poll loop (one whose polls are warp-wide loads, not a `ready()`):
+// after each poll that found the data not there yet, `expired` is true in every lane once the wait
+// has lasted longer than `w.timeoutNs` (raising `timeoutCode`) or another wait under `w` timed out.
+// Lane 0 keeps the clock; the whole warp calls it together.
+struct WarpDeadline {
+  uint64_t start = 0;
+  bool started = false;  // apart from the poll count, which may wrap in a wait of hours
+  __device__ bool expired(const WaitBounds& w, int timeoutCode, unsigned polls, int lane) {
+    bool stop = false;
+    if (lane == 0) {
+      if (!started) {
+        start = globalTimerNs();
+        started = true;
+      } else if (timedOutAtPoll(w, timeoutCode, polls)) {
+        stop = true;
+      } else if (globalTimerNs() - start > w.timeoutNs) {
+        raiseError(w.error, w.hostError, timeoutCode);
+        stop = true;
+      }
+    }
+    return __shfl_sync(0xffffffff, stop, 0);
+  }
+};
+
 // Spins until `ready()` (a relaxed read of the awaited word), bounded by the timeout: false on
 // timeout (raising it) or soon after another wait under `w` has timed out (timedOutAtPoll). kPause
 // sleeps between polls (32 ns growing to kMaxPauseNs) where many warps wait at once.

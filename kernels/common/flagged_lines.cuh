@@ -92,9 +92,8 @@ struct LineRun {
       int unused = 0;
       return (inRun >> i) & 1u ? groupAt(i, unused) + lane * 16 : groupAt(0, unused) + (lane % 8) * 16;
     };
-    uint64_t start = 0;
-    bool first = true;  // apart from `polls`, which may wrap in a wait of hours
-    for (unsigned polls = 0;; ++polls, first = false) {
+    WarpDeadline deadline;
+    for (unsigned polls = 0;; ++polls) {
 #pragma unroll
       for (int i = 0; i < kGroups; ++i) loadLinePiece(pieceOf(i), lo[i], hi[i]);
       unsigned unflagged = 0;
@@ -103,18 +102,7 @@ struct LineRun {
       // The line's flag lane decides for its eight lanes.
       const unsigned pending = __shfl_sync(0xffffffff, unflagged, lane | kFlagPiece) & inRun;
       if (__all_sync(0xffffffff, pending == 0)) return true;
-      bool stop = false;
-      if (lane == 0) {
-        if (first) {
-          start = globalTimerNs();
-        } else if (timedOutAtPoll(bounds, timeoutCode, polls)) {
-          stop = true;
-        } else if (globalTimerNs() - start > bounds.timeoutNs) {
-          raiseError(bounds.error, bounds.hostError, timeoutCode);
-          stop = true;
-        }
-      }
-      if (__shfl_sync(0xffffffff, stop, 0)) return false;
+      if (deadline.expired(bounds, timeoutCode, polls, lane)) return false;
     }
   }
 };
@@ -128,9 +116,8 @@ template <int kFlagLoads = 8>
 __device__ bool waitLineFlags(const char* run, int lines, uint64_t flag, int lane, const WaitBounds& bounds, int timeoutCode) {
   constexpr int kFlagOffset = kLineBytes - 8;
   for (int base = 0; base < lines; base += kFlagLoads * 32) {
-    uint64_t start = 0;
-    bool first = true;  // apart from `polls`, which may wrap in a wait of hours
-    for (unsigned polls = 0;; ++polls, first = false) {
+    WarpDeadline deadline;
+    for (unsigned polls = 0;; ++polls) {
       uint64_t seen[kFlagLoads];
       // Every load issued, a line past the run reading line 0's flag instead: a conditional load
       // would be staged through one register, one load at a time.
@@ -144,18 +131,7 @@ __device__ bool waitLineFlags(const char* run, int lines, uint64_t flag, int lan
 #pragma unroll
       for (int i = 0; i < kFlagLoads; ++i) mine = mine && seen[i] == flag;
       if (__all_sync(0xffffffff, mine)) break;
-      bool stop = false;
-      if (lane == 0) {
-        if (first) {
-          start = globalTimerNs();
-        } else if (timedOutAtPoll(bounds, timeoutCode, polls)) {
-          stop = true;
-        } else if (globalTimerNs() - start > bounds.timeoutNs) {
-          raiseError(bounds.error, bounds.hostError, timeoutCode);
-          stop = true;
-        }
-      }
-      if (__shfl_sync(0xffffffff, stop, 0)) return false;
+      if (deadline.expired(bounds, timeoutCode, polls, lane)) return false;
     }
   }
   return true;
