@@ -115,9 +115,10 @@ struct LineRun {
 template <int kFlagLoads = 8>
 __device__ bool waitLineFlags(const char* run, int lines, uint64_t flag, int lane, const WaitBounds& bounds, int timeoutCode) {
   constexpr int kFlagOffset = kLineBytes - 8;
+  WarpDeadline deadline;  // one bound for the whole run, however many rounds of kFlagLoads x 32 lines
+  unsigned polls = 0;
   for (int base = 0; base < lines; base += kFlagLoads * 32) {
-    WarpDeadline deadline;
-    for (unsigned polls = 0;; ++polls) {
+    for (;; ++polls) {
       uint64_t seen[kFlagLoads];
       // Every load issued, a line past the run reading line 0's flag instead: a conditional load
       // would be staged through one register, one load at a time.

@@ -81,7 +81,7 @@ __device__ __forceinline__ bool blockStarted(uint64_t* shared, uint64_t startWor
 // Tracing (UNIFAB_EP_TRACE): lane 0 of each warp keeps the global timer at each of its points
 // (0: not reached) and records them all after its work; block 0 stamps the kernel's start.
 // `published`: the dispatch's last part's lines stored, the combine's first part's lines stored;
-// `arrived`: the dispatch's first message's first round of lines in, the combine's first partials'
+// `arrived`: the dispatch's first message's lines all in, the combine's first partials'
 // lines in; `stored`: unused since the dispatch has no fence (kept so both operations' points align).
 // Stamps keep the timer's low 32 bits (differences within a call are far below 4 s).
 struct LlWarpStamps {
