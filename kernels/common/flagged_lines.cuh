@@ -58,15 +58,17 @@ struct LineRun {
     }
   }
 
-  // Lines [0, lines) to the run of lines at `run` (128-byte aligned). The whole warp calls this
-  // together: the eight lanes of a line must store in one instruction.
-  __device__ void store(char* run, int lines, int lane) const {
+  // Lines [first, end) of the run to consecutive lines at `to` (128-byte aligned). The whole warp
+  // calls this together: the eight lanes of a line must store in one instruction.
+  __device__ void storeLines(char* to, int first, int end, int lane) const {
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < kGroups; ++i) {
-      if (lineOf(i, lane) < lines) storeLinePiece(run + (i * kLinesPerGroup) * kLineBytes + lane * 16, lo[i], hi[i]);
+      const int line = lineOf(i, lane);
+      if (line >= first && line < end) storeLinePiece(to + (line - first) * kLineBytes + (lane % 8) * 16, lo[i], hi[i]);
     }
   }
+  __device__ void store(char* run, int lines, int lane) const { storeLines(run, 0, lines, lane); }
 
   // Loads the lines of up to kGroups groups until every one carries `flag`. `groupAt(i, lines)`
   // gives group i's first line and sets how many of its lines (0-4) to load; group 0 has at least

@@ -401,8 +401,9 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
       }
     }
     if (stamps.loaded == 0) stamps.loaded = traceNowAfter(g, in.fp8 ? quantized[0].x : part.raw[0].x + part.raw[0].w);
-    // The part's stream in the warp's staging buffer: values, FP8's scales (lanes 0 and 16 of
-    // vector i hold blocks 2i and 2i + 1; blocks past the part get 0), part 0's header.
+    // The part's stream in the warp's staging buffer (ll_kernels.h): values, zeros up to a whole
+    // part's, FP8's scales (lanes 0 and 16 of vector i hold blocks 2i and 2i + 1; blocks past the
+    // part get 0), part 0's header.
     __syncwarp();  // the previous item's stream has been staged into lines
     const int dataBytes = partValues * (in.fp8 ? 1 : 2);
 #pragma unroll
@@ -415,13 +416,14 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
           *reinterpret_cast<int4*>(staging + value * 2) = part.raw[i];
         }
       }
-      if (in.fp8 && lane % 16 == 0) reinterpret_cast<float*>(staging + dataBytes)[value / kScaleBlock] = value < partValues ? scale[i] : 0.0f;
+      if (in.fp8 && lane % 16 == 0) {
+        reinterpret_cast<float*>(staging + llScalesAt(true))[value / kScaleBlock] = value < partValues ? scale[i] : 0.0f;
+      }
     }
-    int streamBytes = dataBytes + llScaleBytes(in.fp8);
+    // The last part of a row whose hidden is not a whole number of parts.
+    for (int w = dataBytes / 4 + lane; w < llScalesAt(in.fp8) / 4; w += kWarp) reinterpret_cast<int*>(staging)[w] = 0;
+    int streamBytes = llHeaderAt(in.fp8);
     if (p == 0) {
-      // A part 0 shorter than kLlPartValues (hidden < kLlPartValues) leaves a gap before the header.
-      for (int w = streamBytes / 4 + lane; w < llHeaderAt(in.fp8) / 4; w += kWarp) reinterpret_cast<int*>(staging)[w] = 0;
-      streamBytes = llHeaderAt(in.fp8);
       int* header = reinterpret_cast<int*>(staging + streamBytes);
       if (lane < g.topk) {
         header[lane] = id;
@@ -434,11 +436,15 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     LineRun<kPartSendGroups> run;
     run.stage(staging, streamBytes, e.send, lane);
     if (!slotFree(t, ranks, seen)) return;
-    // Each line carries its flag: no fence, no tag.
-    const int partLines = llPartLines(in.fp8, g.topk);
+    // Each line carries its flag: no fence, no tag. The part's value lines, then its trailer.
+    const int dataLines = llDataLines(in.fp8), partLines = llPartLines(in.fp8, g.topk);
+    const size_t dataAt = static_cast<size_t>(p) * dataLines * kLineBytes;
+    const size_t trailerAt = (static_cast<size_t>(llParts(g.hidden)) * dataLines + static_cast<size_t>(p) * (partLines - dataLines)) * kLineBytes;
     for (uint64_t m = ranks; m != 0; m &= m - 1) {
       const int d = __ffsll(static_cast<long long>(m)) - 1;
-      run.store(messageAt(g, d, set, g.rank, t) + static_cast<size_t>(p) * partLines * kLineBytes, partLines, lane);
+      char* msg = messageAt(g, d, set, g.rank, t);
+      run.storeLines(msg + dataAt, 0, dataLines, lane);
+      run.storeLines(msg + trailerAt, dataLines, partLines, lane);
     }
     if (lane == 0) stamps.published = traceNowIssued(g);  // no fence: `stored` stays unrecorded
   }
@@ -464,24 +470,20 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   clearCounts();
 }
 
-// 16-byte vectors of a message a receiving warp holds at once (an FP8 row of hidden 7168 in two
-// chunks): 14 or 16, as on main, spill ~300 bytes here, each vector's offset in the run of lines
-// being a register where main's is an immediate.
-constexpr int kReceiveVectorsPerLane = 8;
-
-// Where byte `at` of part p's stream lies in the message's run of lines (each line carries 112
-// payload bytes in its first 112 bytes).
-__device__ __forceinline__ const char* streamByte(const char* run, int partLines, int p, int at) {
-  return run + (static_cast<size_t>(p) * partLines + at / kLinePayloadBytes) * kLineBytes + at % kLinePayloadBytes;
-}
+// Line groups (4 lines, a 16-byte piece of one line per lane) of a message's values a receiving
+// warp holds at once: an FP8 row of hidden 7168, half a BF16 one. As the parts' value lines come
+// first in the run, group q's pieces lie at one offset (512 q) from the lane's piece of group 0 and
+// land at one offset (448 q) from the lane's vector in the row, as main's unflagged message did.
+constexpr int kReceiveGroupsPerLane = 16;
+static_assert(kLlPartValues % (kLinesPerGroup * kLinePayloadBytes) == 0, "an FP8 part's values fill whole line groups");
 
 // The receive phase: a warp per message slot (source rank, token), the slots dealt over the blocks
 // first (receiveWarpIndex), so that a few messages still spread over many SMs. Once every line of
 // the message carries the call's epoch (waitLineFlags: the flags only, a load per line, all in
 // flight), the warp reads the top-k ids and weights from part 0's header, hands out the message's
 // rows (the set's recvCount of each local expert it names, once this rank's send phase has
-// cleared them), notes them for combine, and copies the payload into each row in row order, its
-// loads (each 16-byte vector from its line) in flight during the hand-out.
+// cleared them), notes them for combine, and copies the value lines into each row, a line group
+// per load, its loads in flight during the hand-out.
 __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
   const int warp = receiveWarpIndex();
@@ -491,19 +493,22 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
   const size_t rowBytes = static_cast<size_t>(g.hidden) * valueBytes;
   const int vectors = static_cast<int>(rowBytes / 16);
   const int scalesPerRow = g.hidden / kScaleBlock;
-  const int partLines = llPartLines(in.fp8, g.topk);
-  const int runLines = llParts(g.hidden) * partLines;
+  const int parts = llParts(g.hidden);
+  const int dataLines = llDataLines(in.fp8), trailerLines = llTrailerLines(in.fp8, g.topk);
+  const int runLines = parts * (dataLines + trailerLines);
   constexpr int kPartScales = kLlPartValues / kScaleBlock;
   const uint64_t* tokenBits = reinterpret_cast<const uint64_t*>(at(g, g.rank, setOffset(g, set) + g.layout.tokenBits));
   const int firstExpert = g.rank * g.numLocalExperts;
-  // Row vector j is vector k = j % vectorsPerPart of part p = j / vectorsPerPart; a part's values
-  // fill whole lines, 7 vectors a line, so it lies 16 (k + k / 7) bytes into the part's run. A
-  // 32-bit offset: the warp holds kReceiveVectorsPerLane of them at once.
-  const int partRunBytes = partLines * kLineBytes;
-  auto vectorOffset = [&](int j) {
-    const int p = in.fp8 ? j / (kLlPartValues / 16) : j / (kLlPartValues * 2 / 16);
-    const int k = j - p * (kLlPartValues * valueBytes / 16);
-    return p * partRunBytes + 16 * (k + k / 7);
+  // Lane l moves piece l % 8 of line l / 8 of each group of value lines: row vector
+  // 28 q + laneVector of group q, unless it is the flag's piece.
+  constexpr int kPieces = kLinePayloadBytes / 16;  // row vectors a line
+  const int groups = parts * dataLines / kLinesPerGroup;
+  const int laneVector = lane / 8 * kPieces + lane % 8;
+  const bool carries = lane % 8 != kFlagPiece;
+  // Byte `at` of part p's trailer (its scales, then part 0's header).
+  auto trailerByte = [&](const char* run, int p, int at) {
+    return run + (static_cast<size_t>(parts) * dataLines + static_cast<size_t>(p) * trailerLines + at / kLinePayloadBytes) * kLineBytes +
+           at % kLinePayloadBytes;
   };
   bool countsCleared = false;
   for (int slot = warp; slot < g.nRanks * g.maxTokens; slot += warps) {
@@ -526,27 +531,27 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     countsCleared = true;
     if (!waitLineFlags(run, runLines, epoch, lane, bounds(g), kErrorTimeout)) return;
     if (stamps.arrived == 0) stamps.arrived = traceNow(g);
-    int4 v[kReceiveVectorsPerLane];
-    auto loadChunk = [&](int c0) {
+    int4 v[kReceiveGroupsPerLane];
+    const int4* lanePiece = reinterpret_cast<const int4*>(run + lane / 8 * kLineBytes + lane % 8 * 16);
+    auto loadChunk = [&](int q0) {
 #pragma unroll
-      for (int i = 0; i < kReceiveVectorsPerLane; ++i) {
-        const int j = c0 + i * kWarp + lane;
-        if (j < vectors) v[i] = __ldcv(reinterpret_cast<const int4*>(run + vectorOffset(j)));
+      for (int i = 0; i < kReceiveGroupsPerLane; ++i) {
+        const int q = q0 + i;
+        if (carries && q * kLinesPerGroup * kPieces + laneVector < vectors) v[i] = __ldcv(lanePiece + q * (kLinesPerGroup * kLineBytes / 16));
       }
     };
     loadChunk(0);
-    // Scale i of the row: part i / kPartScales, after that part's values in its stream.
+    // Scale i of the row: part i / kPartScales's, at the start of its trailer.
     auto scaleAt = [&](int i) {
       const int p = i / kPartScales;
-      const int partValues = min(kLlPartValues, g.hidden - p * kLlPartValues);
-      return reinterpret_cast<const float*>(streamByte(run, partLines, p, partValues + 4 * (i - p * kPartScales)));
+      return reinterpret_cast<const float*>(trailerByte(run, p, 4 * (i - p * kPartScales)));
     };
     const float firstScale = in.fp8 && lane < scalesPerRow ? __ldcv(scaleAt(lane)) : 0.0f;
     int row = -1;
     if (lane < g.topk) {
-      const int headerAt = llHeaderAt(in.fp8);
-      const int id = __ldcv(reinterpret_cast<const int*>(streamByte(run, partLines, 0, headerAt + 4 * lane)));
-      const float weight = __ldcv(reinterpret_cast<const float*>(streamByte(run, partLines, 0, headerAt + 4 * (g.topk + lane))));
+      const int headerAt = llScaleBytes(in.fp8);  // in part 0's trailer
+      const int id = __ldcv(reinterpret_cast<const int*>(trailerByte(run, 0, headerAt + 4 * lane)));
+      const float weight = __ldcv(reinterpret_cast<const float*>(trailerByte(run, 0, headerAt + 4 * (g.topk + lane))));
       if (id >= firstExpert && id < firstExpert + g.numLocalExperts) {
         const int e = id - firstExpert;
         row = e * g.expertStride + atomicAdd(local.recvCount + e, 1);
@@ -557,16 +562,15 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       local.weightOf[static_cast<size_t>(slot) * g.topk + lane] = weight;
     }
     const unsigned targets = __ballot_sync(0xffffffff, row >= 0);
-    constexpr int kChunk = kReceiveVectorsPerLane * kWarp;
-    for (int c0 = 0; c0 < vectors; c0 += kChunk) {
-      if (c0 != 0) loadChunk(c0);
+    for (int q0 = 0; q0 < groups; q0 += kReceiveGroupsPerLane) {
+      if (q0 != 0) loadChunk(q0);
       for (unsigned m = targets; m != 0; m &= m - 1) {
         const size_t to = static_cast<size_t>(__shfl_sync(0xffffffff, row, __ffs(m) - 1));
-        int4* out = reinterpret_cast<int4*>(local.recvX + to * rowBytes);
+        int4* out = reinterpret_cast<int4*>(local.recvX + to * rowBytes) + laneVector;
 #pragma unroll
-        for (int i = 0; i < kReceiveVectorsPerLane; ++i) {
-          const int j = c0 + i * kWarp + lane;
-          if (j < vectors) out[j] = v[i];
+        for (int i = 0; i < kReceiveGroupsPerLane; ++i) {
+          const int q = q0 + i;
+          if (carries && q * kLinesPerGroup * kPieces + laneVector < vectors) out[q * kLinesPerGroup * kPieces] = v[i];
         }
       }
     }

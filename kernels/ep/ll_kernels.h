@@ -41,18 +41,21 @@ constexpr int kLlSets = 2;
 constexpr int kLlWarpsPerBlock = 16;  // a phase of a few hundred parts spreads over many SMs
 
 UNIFAB_HOST_DEVICE inline int llParts(int hidden) { return (hidden + kLlPartValues - 1) / kLlPartValues; }
-// A dispatch part travels as a stream of bytes cut into flagged lines: its values (FP8 or BF16),
-// for FP8 its scales (a float per 128 values, 8 slots), and for part 0 the token's top-k ids then
-// weights (int32 and float, padded to 16 bytes). Every part of a message takes llPartLines lines
-// (part 0's count; the others' last lines are padding), so the lines of (source, token) are one run.
+// A dispatch part travels as a stream of bytes cut into flagged lines: its values (FP8 or BF16,
+// zero-padded to kLlPartValues), for FP8 its scales (a float per 128 values, 8 slots), and for part
+// 0 the token's top-k ids then weights (int32 and float, padded to 16 bytes). The stream's value
+// lines (llDataLines) and the rest, its trailer (llTrailerLines, the same count for every part: the
+// others' last lines are padding), go to two places of the message's run of lines: first the
+// parts' value lines in part order, so that row vector j (16 bytes) lies in line j / 7 of the run
+// like a row in a message without flags, then the parts' trailers in part order.
 UNIFAB_HOST_DEVICE constexpr int llScaleBytes(bool fp8) { return fp8 ? 8 * 4 : 0; }
 UNIFAB_HOST_DEVICE constexpr int llHeaderBytes(int topk) { return (8 * topk + 15) / 16 * 16; }
-// Where part 0's stream holds the header: after a whole part's values and the scales, also when
-// hidden < kLlPartValues (the sender zero-fills the gap), so that the receiver needs no hidden.
-UNIFAB_HOST_DEVICE constexpr int llHeaderAt(bool fp8) { return kLlPartValues * (fp8 ? 1 : 2) + llScaleBytes(fp8); }
-UNIFAB_HOST_DEVICE constexpr int llPartLines(bool fp8, int topk) {
-  return linesFor(kLlPartValues * (fp8 ? 1 : 2) + llScaleBytes(fp8) + llHeaderBytes(topk));
-}
+UNIFAB_HOST_DEVICE constexpr int llDataLines(bool fp8) { return kLlPartValues * (fp8 ? 1 : 2) / kLinePayloadBytes; }
+UNIFAB_HOST_DEVICE constexpr int llTrailerLines(bool fp8, int topk) { return linesFor(llScaleBytes(fp8) + llHeaderBytes(topk)); }
+UNIFAB_HOST_DEVICE constexpr int llPartLines(bool fp8, int topk) { return llDataLines(fp8) + llTrailerLines(fp8, topk); }
+// Where a part's stream holds its scales (the trailer's start) and part 0's header.
+UNIFAB_HOST_DEVICE constexpr int llScalesAt(bool fp8) { return kLlPartValues * (fp8 ? 1 : 2); }
+UNIFAB_HOST_DEVICE constexpr int llHeaderAt(bool fp8) { return llScalesAt(fp8) + llScaleBytes(fp8); }
 static_assert(kLlPartValues % kScaleBlock == 0 && kLlPartValues / kScaleBlock <= 8, "a part's scales fit their 8 slots");
 static_assert(kLlPartValues % kLinePayloadBytes == 0, "a part's FP8 values fill whole lines");
 
