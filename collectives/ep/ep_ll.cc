@@ -33,11 +33,10 @@ Result unifabEpGroup::planLowLatencyLayout(const unifabEpConfig_t& config, int n
   }
   kep::LlLayout L{};
   const size_t tokens = static_cast<size_t>(config.maxTokensPerRank);
-  const int parts = kep::llParts(config.hidden);
   L.bitWords = static_cast<int>((tokens + 31) / 32);
-  // A message: a run of flagged lines, each part's (kernels/ep/ll_kernels.h: llPartLines).
-  const int partLines = std::max(kep::llPartLines(false, config.topk), kep::llPartLines(true, config.topk));
-  L.messageBytes = parts * partLines * unifab::kernels::kLineBytes;
+  // A message: a run of flagged lines (kernels/ep/ll_kernels.h: llRunLines).
+  const int runLines = std::max(kep::llRunLines(false, config.topk, config.hidden), kep::llRunLines(true, config.topk, config.hidden));
+  L.messageBytes = runLines * unifab::kernels::kLineBytes;
 
   unifab::collectives::ep::Carver set(nullptr);
   L.tokenBits = set.reserve(sizeof(uint64_t) * nRanks * L.bitWords);

@@ -9,7 +9,8 @@
 // a "group". Lane l holds piece l % 8 of line 4 * group + l / 8.
 //
 // Line L of a run carries payload bytes [112 L, 112 L + 112) in its pieces 0-6 (16 bytes each, so a
-// piece lands 16-byte aligned in a row); the lower half of piece 7 is unused.
+// piece lands 16-byte aligned in a row); the lower half of piece 7 is spare
+// (LineRun::setSpare).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +35,17 @@ __device__ __forceinline__ void storeLinePiece(char* piece, uint64_t lo, uint64_
 
 __device__ __forceinline__ void loadLinePiece(const char* piece, uint64_t& lo, uint64_t& hi) {
   asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(piece) : "memory");
+}
+
+// A line piece loaded only where `predicate` holds; elsewhere `to` holds no meaningful value. As
+// the compiler sees `to` written either way, a run of these loads goes out back to back, where a
+// conditional load that keeps the old value would be staged through a temporary register.
+__device__ __forceinline__ void loadPieceIf(bool predicate, const int4* from, int4& to) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %4, 0;\n @p ld.volatile.global.v4.s32 {%0, %1, %2, %3}, [%5];\n}"
+      : "=r"(to.x), "=r"(to.y), "=r"(to.z), "=r"(to.w)
+      : "r"(static_cast<int>(predicate)), "l"(from)
+      : "memory");
 }
 
 // Up to kGroups groups (4 kGroups lines) of one warp: on the sending side filled from a stream
@@ -69,6 +81,15 @@ struct LineRun {
     }
   }
   __device__ void store(char* run, int lines, int lane) const { storeLines(run, 0, lines, lane); }
+
+  // Puts `spareOf(line)` into the unused lower half of each staged line's flag piece.
+  template <typename SpareOf>
+  __device__ void setSpare(SpareOf spareOf, int lane) {
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i) {
+      if (lane % 8 == kFlagPiece) lo[i] = spareOf(lineOf(i, lane));
+    }
+  }
 
   // Loads the lines of up to kGroups groups until every one carries `flag`. `groupAt(i, lines)`
   // gives group i's first line and sets how many of its lines (0-4) to load; group 0 has at least
@@ -108,36 +129,5 @@ struct LineRun {
     }
   }
 };
-
-// Waits until lines [0, lines) of the run at `run` all carry `flag`, reading only their flags: lane
-// l polls lines l, l + 32, ... (up to kFlagLoads at once, all in flight). Once it returns true the
-// lines are whole in memory, so that loads issued after it (the warp's copy of the payload) read
-// them. The whole warp calls this together; false in every lane on timeout (raising `timeoutCode`)
-// or after another wait of the group timed out.
-template <int kFlagLoads = 8>
-__device__ bool waitLineFlags(const char* run, int lines, uint64_t flag, int lane, const WaitBounds& bounds, int timeoutCode) {
-  constexpr int kFlagOffset = kLineBytes - 8;
-  WarpDeadline deadline;  // one bound for the whole run, however many rounds of kFlagLoads x 32 lines
-  unsigned polls = 0;
-  for (int base = 0; base < lines; base += kFlagLoads * 32) {
-    for (;; ++polls) {
-      uint64_t seen[kFlagLoads];
-      // Every load issued, a line past the run reading line 0's flag instead: a conditional load
-      // would be staged through one register, one load at a time.
-#pragma unroll
-      for (int i = 0; i < kFlagLoads; ++i) {
-        const int line = base + i * 32 + lane;
-        const char* at = run + static_cast<size_t>(line < lines ? line : 0) * kLineBytes + kFlagOffset;
-        asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(seen[i]) : "l"(at) : "memory");
-      }
-      bool mine = true;
-#pragma unroll
-      for (int i = 0; i < kFlagLoads; ++i) mine = mine && seen[i] == flag;
-      if (__all_sync(0xffffffff, mine)) break;
-      if (deadline.expired(bounds, timeoutCode, polls, lane)) return false;
-    }
-  }
-  return true;
-}
 
 }  // namespace unifab::kernels

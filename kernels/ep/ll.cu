@@ -15,11 +15,15 @@ constexpr int kWarp = 32;
 constexpr int kWarps = kLlWarpsPerBlock;
 constexpr int kThreads = kWarps * kWarp;
 constexpr int kVectorsPerLane = (kLlPartValues + kWarp * 8 - 1) / (kWarp * 8);  // 16-byte BF16 vectors of a part per lane
-// A sending warp's part stream in shared memory (kernels/ep/ll_kernels.h: llPartLines), at most a
-// BF16 part with the largest header, and the line groups that carry it.
+// A sending warp's part stream in shared memory (kernels/ep/ll_kernels.h: llRunLines), at most a
+// BF16 part with the largest header, and the line groups that carry it; an FP8 part's scales are
+// staged past the largest FP8 stream.
 constexpr int kPartStreamBytes = kLlPartValues * 2 + llHeaderBytes(kMaxTopk);
 constexpr int kPartSendGroups = (linesFor(kPartStreamBytes) + kLinesPerGroup - 1) / kLinesPerGroup;
-static_assert(kPartSendGroups * kLinesPerGroup >= llPartLines(false, kMaxTopk), "a part's lines fit one send run");
+static_assert(kPartSendGroups * kLinesPerGroup >= llDataLines(false) + llHeaderLines(kMaxTopk), "a part's lines fit one send run");
+constexpr int kPartScales = kLlPartValues / kScaleBlock;
+constexpr int kStagedScalesAt = kPartStreamBytes - 8 * 4;
+static_assert(llHeaderAt(true) + llHeaderBytes(kMaxTopk) <= kStagedScalesAt && kPartScales <= 8, "FP8 scales staged apart");
 constexpr float kFp8Max = 448.0f;                             // largest finite e4m3 value
 constexpr float kMinAmax = 1e-4f;                             // an all-zero block still gets a finite scale
 constexpr int kPartGroups = kLlCombinePartLines / kLinesPerGroup;  // of a combine partial's part
@@ -402,10 +406,11 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     }
     if (stamps.loaded == 0) stamps.loaded = traceNowAfter(g, in.fp8 ? quantized[0].x : part.raw[0].x + part.raw[0].w);
     // The part's stream in the warp's staging buffer (ll_kernels.h): values, zeros up to a whole
-    // part's, FP8's scales (lanes 0 and 16 of vector i hold blocks 2i and 2i + 1; blocks past the
-    // part get 0), part 0's header.
+    // part's, part 0's header; FP8's scales apart (lanes 0 and 16 of vector i hold blocks 2i and
+    // 2i + 1; blocks past the part get 0), each put into its line's flag piece.
     __syncwarp();  // the previous item's stream has been staged into lines
     const int dataBytes = partValues * (in.fp8 ? 1 : 2);
+    float* stagedScales = reinterpret_cast<float*>(staging + kStagedScalesAt);
 #pragma unroll
     for (int i = 0; i < kVectorsPerLane; ++i) {
       const int value = i * 256 + lane * 8;
@@ -416,12 +421,10 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
           *reinterpret_cast<int4*>(staging + value * 2) = part.raw[i];
         }
       }
-      if (in.fp8 && lane % 16 == 0) {
-        reinterpret_cast<float*>(staging + llScalesAt(true))[value / kScaleBlock] = value < partValues ? scale[i] : 0.0f;
-      }
+      if (in.fp8 && lane % 16 == 0) stagedScales[value / kScaleBlock] = value < partValues ? scale[i] : 0.0f;
     }
     // The last part of a row whose hidden is not a whole number of parts.
-    for (int w = dataBytes / 4 + lane; w < llScalesAt(in.fp8) / 4; w += kWarp) reinterpret_cast<int*>(staging)[w] = 0;
+    for (int w = dataBytes / 4 + lane; w < llHeaderAt(in.fp8) / 4; w += kWarp) reinterpret_cast<int*>(staging)[w] = 0;
     int streamBytes = llHeaderAt(in.fp8);
     if (p == 0) {
       int* header = reinterpret_cast<int*>(staging + streamBytes);
@@ -435,16 +438,17 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     __syncwarp();
     LineRun<kPartSendGroups> run;
     run.stage(staging, streamBytes, e.send, lane);
+    if (in.fp8) run.setSpare([&](int line) { return line < kPartScales ? static_cast<uint64_t>(__float_as_uint(stagedScales[line])) : 0; }, lane);
     if (!slotFree(t, ranks, seen)) return;
-    // Each line carries its flag: no fence, no tag. The part's value lines, then its trailer.
-    const int dataLines = llDataLines(in.fp8), partLines = llPartLines(in.fp8, g.topk);
+    // Each line carries its flag: no fence, no tag. The part's value lines, then part 0's header.
+    const int dataLines = llDataLines(in.fp8);
     const size_t dataAt = static_cast<size_t>(p) * dataLines * kLineBytes;
-    const size_t trailerAt = (static_cast<size_t>(llParts(g.hidden)) * dataLines + static_cast<size_t>(p) * (partLines - dataLines)) * kLineBytes;
+    const size_t headerAt = static_cast<size_t>(parts) * dataLines * kLineBytes;
     for (uint64_t m = ranks; m != 0; m &= m - 1) {
       const int d = __ffsll(static_cast<long long>(m)) - 1;
       char* msg = messageAt(g, d, set, g.rank, t);
       run.storeLines(msg + dataAt, 0, dataLines, lane);
-      run.storeLines(msg + trailerAt, dataLines, partLines, lane);
+      if (p == 0) run.storeLines(msg + headerAt, dataLines, dataLines + llHeaderLines(g.topk), lane);
     }
     if (lane == 0) stamps.published = traceNowIssued(g);  // no fence: `stored` stays unrecorded
   }
@@ -476,14 +480,16 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
 // land at one offset (448 q) from the lane's vector in the row, as main's unflagged message did.
 constexpr int kReceiveGroupsPerLane = 16;
 static_assert(kLlPartValues % (kLinesPerGroup * kLinePayloadBytes) == 0, "an FP8 part's values fill whole line groups");
+static_assert(llDataLines(true) == 8, "an FP8 part's line b carries its scale b: b = line % 8");
+static_assert(llHeaderLines(kMaxTopk) <= kLinesPerGroup, "the header is one line group");
 
 // The receive phase: a warp per message slot (source rank, token), the slots dealt over the blocks
-// first (receiveWarpIndex), so that a few messages still spread over many SMs. Once every line of
-// the message carries the call's epoch (waitLineFlags: the flags only, a load per line, all in
-// flight), the warp reads the top-k ids and weights from part 0's header, hands out the message's
-// rows (the set's recvCount of each local expert it names, once this rank's send phase has
-// cleared them), notes them for combine, and copies the value lines into each row, a line group
-// per load, its loads in flight during the hand-out.
+// first (receiveWarpIndex), so that a few messages still spread over many SMs. Each poll loads the
+// message's first kReceiveGroupsPerLane groups of value lines and its header lines whole, so that
+// once they all carry the call's epoch their values, scales and top-k entries are already in the
+// warp's registers: the warp hands out the message's rows (the set's recvCount of each local
+// expert it names, once this rank's send phase has cleared them), notes them for combine and
+// stores the lines into each row; a BF16 row's second half is polled and stored the same way.
 __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
   const int warp = receiveWarpIndex();
@@ -493,22 +499,50 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
   const size_t rowBytes = static_cast<size_t>(g.hidden) * valueBytes;
   const int vectors = static_cast<int>(rowBytes / 16);
   const int scalesPerRow = g.hidden / kScaleBlock;
-  const int parts = llParts(g.hidden);
-  const int dataLines = llDataLines(in.fp8), trailerLines = llTrailerLines(in.fp8, g.topk);
-  const int runLines = parts * (dataLines + trailerLines);
-  constexpr int kPartScales = kLlPartValues / kScaleBlock;
   const uint64_t* tokenBits = reinterpret_cast<const uint64_t*>(at(g, g.rank, setOffset(g, set) + g.layout.tokenBits));
   const int firstExpert = g.rank * g.numLocalExperts;
-  // Lane l moves piece l % 8 of line l / 8 of each group of value lines: row vector
-  // 28 q + laneVector of group q, unless it is the flag's piece.
+  // Lane l moves piece l % 8 of line l / 8 of each group: row vector 28 q + laneVector of value
+  // group q, unless it is the flag's piece, which holds the line's FP8 scale.
   constexpr int kPieces = kLinePayloadBytes / 16;  // row vectors a line
-  const int groups = parts * dataLines / kLinesPerGroup;
-  const int laneVector = lane / 8 * kPieces + lane % 8;
-  const bool carries = lane % 8 != kFlagPiece;
-  // Byte `at` of part p's trailer (its scales, then part 0's header).
-  auto trailerByte = [&](const char* run, int p, int at) {
-    return run + (static_cast<size_t>(parts) * dataLines + static_cast<size_t>(p) * trailerLines + at / kLinePayloadBytes) * kLineBytes +
-           at % kLinePayloadBytes;
+  constexpr int kGroupVectors = kLinesPerGroup * kPieces;
+  constexpr int kGroupPieces = kLinesPerGroup * kLineBytes / 16;
+  const int groups = llParts(g.hidden) * llDataLines(in.fp8) / kLinesPerGroup;
+  const int headerLines = llHeaderLines(g.topk);
+  const int laneLine = lane / 8;
+  const int laneVector = laneLine * kPieces + lane % 8;
+  const bool flagLane = lane % 8 == kFlagPiece;
+  auto flagOf = [](const int4& piece) {
+    return static_cast<uint64_t>(static_cast<unsigned>(piece.w)) << 32 | static_cast<unsigned>(piece.z);
+  };
+  int4 v[kReceiveGroupsPerLane];
+  int4 header;
+  // Loads groups q0 .. q0 + kReceiveGroupsPerLane - 1 (and the header lines) until every line
+  // carries the epoch: false in every lane on timeout or after another wait of the group timed out.
+  auto poll = [&](const int4* lanePiece, int q0, bool withHeader) {
+    const bool headerLane = withHeader && laneLine < headerLines;
+    WarpDeadline deadline;
+    for (unsigned polls = 0;; ++polls) {
+#pragma unroll
+      for (int i = 0; i < kReceiveGroupsPerLane; ++i) loadPieceIf(q0 + i < groups, lanePiece + (q0 + i) * kGroupPieces, v[i]);
+      loadPieceIf(headerLane, lanePiece + groups * kGroupPieces, header);
+      bool mine = true;
+      if (flagLane) {
+#pragma unroll
+        for (int i = 0; i < kReceiveGroupsPerLane; ++i) mine = mine && (q0 + i >= groups || flagOf(v[i]) == epoch);
+        mine = mine && (!headerLane || flagOf(header) == epoch);
+      }
+      if (__all_sync(0xffffffff, mine)) return true;
+      if (deadline.expired(bounds(g), kErrorTimeout, polls, lane)) return false;
+    }
+  };
+  // Header word k (byte 4 k: ids, then weights) from the lane that holds it; the whole warp calls.
+  auto headerWord = [&](int k) {
+    const int at = 4 * k;
+    const int from = at / kLinePayloadBytes * 8 + at % kLinePayloadBytes / 16;
+    const int x = __shfl_sync(0xffffffff, header.x, from), y = __shfl_sync(0xffffffff, header.y, from);
+    const int z = __shfl_sync(0xffffffff, header.z, from), w = __shfl_sync(0xffffffff, header.w, from);
+    const int word = at % 16 / 4;
+    return word == 0 ? x : word == 1 ? y : word == 2 ? z : w;
   };
   bool countsCleared = false;
   for (int slot = warp; slot < g.nRanks * g.maxTokens; slot += warps) {
@@ -523,35 +557,19 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       releaseSlot(slotReleased, epoch, lane);
       continue;
     }
-    const char* run = messageAt(g, g.rank, set, s, t);
+    const int4* lanePiece = reinterpret_cast<const int4*>(messageAt(g, g.rank, set, s, t) + laneLine * kLineBytes + lane % 8 * 16);
     // The counts cleared by this rank's send phase (long before the lines come, as a rule).
     if (!warpAll(countsCleared || waitUntil<true>(g, [&] { return loadAcquireGpu(&g.counters->countsCleared[set]) == epoch; }))) {
       return;
     }
     countsCleared = true;
-    if (!waitLineFlags(run, runLines, epoch, lane, bounds(g), kErrorTimeout)) return;
+    if (!poll(lanePiece, 0, true)) return;
     if (stamps.arrived == 0) stamps.arrived = traceNow(g);
-    int4 v[kReceiveGroupsPerLane];
-    const int4* lanePiece = reinterpret_cast<const int4*>(run + lane / 8 * kLineBytes + lane % 8 * 16);
-    auto loadChunk = [&](int q0) {
-#pragma unroll
-      for (int i = 0; i < kReceiveGroupsPerLane; ++i) {
-        const int q = q0 + i;
-        if (carries && q * kLinesPerGroup * kPieces + laneVector < vectors) v[i] = __ldcv(lanePiece + q * (kLinesPerGroup * kLineBytes / 16));
-      }
-    };
-    loadChunk(0);
-    // Scale i of the row: part i / kPartScales's, at the start of its trailer.
-    auto scaleAt = [&](int i) {
-      const int p = i / kPartScales;
-      return reinterpret_cast<const float*>(trailerByte(run, p, 4 * (i - p * kPartScales)));
-    };
-    const float firstScale = in.fp8 && lane < scalesPerRow ? __ldcv(scaleAt(lane)) : 0.0f;
+    const int k = lane < g.topk ? lane : 0;
+    const int id = headerWord(k);
+    const float weight = __int_as_float(headerWord(g.topk + k));
     int row = -1;
     if (lane < g.topk) {
-      const int headerAt = llScaleBytes(in.fp8);  // in part 0's trailer
-      const int id = __ldcv(reinterpret_cast<const int*>(trailerByte(run, 0, headerAt + 4 * lane)));
-      const float weight = __ldcv(reinterpret_cast<const float*>(trailerByte(run, 0, headerAt + 4 * (g.topk + lane))));
       if (id >= firstExpert && id < firstExpert + g.numLocalExperts) {
         const int e = id - firstExpert;
         row = e * g.expertStride + atomicAdd(local.recvCount + e, 1);
@@ -563,24 +581,21 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     }
     const unsigned targets = __ballot_sync(0xffffffff, row >= 0);
     for (int q0 = 0; q0 < groups; q0 += kReceiveGroupsPerLane) {
-      if (q0 != 0) loadChunk(q0);
+      if (q0 != 0 && !poll(lanePiece, q0, false)) return;
       for (unsigned m = targets; m != 0; m &= m - 1) {
         const size_t to = static_cast<size_t>(__shfl_sync(0xffffffff, row, __ffs(m) - 1));
         int4* out = reinterpret_cast<int4*>(local.recvX + to * rowBytes) + laneVector;
+        float* scalesOut = local.recvScales + to * scalesPerRow;
 #pragma unroll
         for (int i = 0; i < kReceiveGroupsPerLane; ++i) {
           const int q = q0 + i;
-          if (carries && q * kLinesPerGroup * kPieces + laneVector < vectors) out[q * kLinesPerGroup * kPieces] = v[i];
-        }
-      }
-    }
-    if (in.fp8) {
-      for (int i0 = 0; i0 < scalesPerRow; i0 += kWarp) {
-        const int i = i0 + lane;
-        const float scale = i0 < kWarp ? firstScale : i < scalesPerRow ? __ldcv(scaleAt(i)) : 0.0f;
-        for (unsigned m = targets; m != 0; m &= m - 1) {
-          const size_t to = static_cast<size_t>(__shfl_sync(0xffffffff, row, __ffs(m) - 1));
-          if (i < scalesPerRow) local.recvScales[to * scalesPerRow + i] = scale;
+          if (!flagLane) {
+            if (q * kGroupVectors + laneVector < vectors) out[q * kGroupVectors] = v[i];
+          } else if (in.fp8) {
+            const int line = q * kLinesPerGroup + laneLine;  // the part's line line % 8 holds scale line % 8
+            const int scale = line / 8 * kPartScales + line % 8;
+            if (line % 8 < kPartScales && scale < scalesPerRow) scalesOut[scale] = __int_as_float(v[i].x);
+          }
         }
       }
     }

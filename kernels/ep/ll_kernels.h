@@ -41,22 +41,20 @@ constexpr int kLlSets = 2;
 constexpr int kLlWarpsPerBlock = 16;  // a phase of a few hundred parts spreads over many SMs
 
 UNIFAB_HOST_DEVICE inline int llParts(int hidden) { return (hidden + kLlPartValues - 1) / kLlPartValues; }
-// A dispatch part travels as a stream of bytes cut into flagged lines: its values (FP8 or BF16,
-// zero-padded to kLlPartValues), for FP8 its scales (a float per 128 values, 8 slots), and for part
-// 0 the token's top-k ids then weights (int32 and float, padded to 16 bytes). The stream's value
-// lines (llDataLines) and the rest, its trailer (llTrailerLines, the same count for every part: the
-// others' last lines are padding), go to two places of the message's run of lines: first the
-// parts' value lines in part order, so that row vector j (16 bytes) lies in line j / 7 of the run
-// like a row in a message without flags, then the parts' trailers in part order.
-UNIFAB_HOST_DEVICE constexpr int llScaleBytes(bool fp8) { return fp8 ? 8 * 4 : 0; }
+// A dispatch message travels as one run of flagged lines: first every part's values (FP8 or BF16,
+// zero-padded to kLlPartValues: llDataLines lines a part, in part order), so that row vector j
+// (16 bytes) lies in line j / 7 of the run like a row in a message without flags, then the token's
+// top-k ids and weights (int32 and float, padded to 16 bytes: llHeaderLines lines). An FP8 part's
+// scale of block b (a float per 128 values) rides in the spare lower half of its line b's flag
+// piece, so that a receiver holding a line holds its scale. Part p's warp writes its value lines,
+// and part 0's warp the header lines after its own.
 UNIFAB_HOST_DEVICE constexpr int llHeaderBytes(int topk) { return (8 * topk + 15) / 16 * 16; }
 UNIFAB_HOST_DEVICE constexpr int llDataLines(bool fp8) { return kLlPartValues * (fp8 ? 1 : 2) / kLinePayloadBytes; }
-UNIFAB_HOST_DEVICE constexpr int llTrailerLines(bool fp8, int topk) { return linesFor(llScaleBytes(fp8) + llHeaderBytes(topk)); }
-UNIFAB_HOST_DEVICE constexpr int llPartLines(bool fp8, int topk) { return llDataLines(fp8) + llTrailerLines(fp8, topk); }
-// Where a part's stream holds its scales (the trailer's start) and part 0's header.
-UNIFAB_HOST_DEVICE constexpr int llScalesAt(bool fp8) { return kLlPartValues * (fp8 ? 1 : 2); }
-UNIFAB_HOST_DEVICE constexpr int llHeaderAt(bool fp8) { return llScalesAt(fp8) + llScaleBytes(fp8); }
-static_assert(kLlPartValues % kScaleBlock == 0 && kLlPartValues / kScaleBlock <= 8, "a part's scales fit their 8 slots");
+UNIFAB_HOST_DEVICE constexpr int llHeaderLines(int topk) { return linesFor(llHeaderBytes(topk)); }
+UNIFAB_HOST_DEVICE inline int llRunLines(bool fp8, int topk, int hidden) { return llParts(hidden) * llDataLines(fp8) + llHeaderLines(topk); }
+// Where part 0's stream (its values, then the header) holds the header.
+UNIFAB_HOST_DEVICE constexpr int llHeaderAt(bool fp8) { return kLlPartValues * (fp8 ? 1 : 2); }
+static_assert(kLlPartValues % kScaleBlock == 0 && kLlPartValues / kScaleBlock <= llDataLines(true), "an FP8 part's scales have a line each");
 static_assert(kLlPartValues % kLinePayloadBytes == 0, "a part's FP8 values fill whole lines");
 
 // Values per part of a combine partial (one warp): its BF16 payload fills kLlCombinePartLines lines.
@@ -81,7 +79,7 @@ struct LlLayout {
   size_t setBytes;
   size_t tokenBits;     // uint64 [nRanks][bitWords]: tagged bitmaps of the tokens rank s sends us
   size_t messages;      // [nRanks][maxTokens][messageBytes]: slot of (source rank, token), a run of
-                        //   llParts x llPartLines flagged lines
+                        //   run of llRunLines flagged lines
   size_t partials;      // [nRanks][maxTokens][partialBytes]: lines of rank d's combine partial for our token t
   size_t total;
   int bitWords;         // ceil(maxTokens / 32)

@@ -85,8 +85,8 @@ TEST(EpConfig, EachBadFieldIsNamed) {
 
 // Low latency: two buffer sets, each with a message slot per (source rank, token) and a BF16
 // combine partial per (rank, token), both as flagged lines (112 payload bytes in each 128-byte
-// line): a BF16 message of 7168 values is 8 parts of 17 lines (part 0's 1792 value bytes and 64
-// header bytes for top-8; every part takes as many), a partial 8 parts of 16 lines;
+// line): a BF16 message of 7168 values is 8 parts of 16 value lines and one header line (64 bytes
+// for top-8), a partial 8 parts of 16 lines;
 // the per-expert receive regions live in ordinary device memory, not in the window.
 TEST(EpConfig, LowLatencyBufferSizeCoversTwoSetsOfMessagesAndPartials) {
   unifabEpConfig_t config = standard();
@@ -95,7 +95,7 @@ TEST(EpConfig, LowLatencyBufferSizeCoversTwoSetsOfMessagesAndPartials) {
   size_t bytes = 0;
   ASSERT_EQ(unifabEpBufferSize(&config, 2, &bytes), unifabSuccess);
   const size_t slots = size_t{2} * 128;
-  const size_t message = 8 * 17 * 128;
+  const size_t message = (8 * 16 + 1) * 128;
   const size_t partial = 8 * 16 * 128;
   EXPECT_GE(bytes, 2 * slots * (message + partial));
   EXPECT_LT(bytes, 2 * slots * (message + partial) + (size_t{1} << 20)) << "release words and bitmaps stay small";
