@@ -482,6 +482,9 @@ constexpr int kReceiveGroupsPerLane = 16;
 static_assert(kLlPartValues % (kLinesPerGroup * kLinePayloadBytes) == 0, "an FP8 part's values fill whole line groups");
 static_assert(llDataLines(true) == 8, "an FP8 part's line b carries its scale b: b = line % 8");
 static_assert(llHeaderLines(kMaxTopk) <= kLinesPerGroup, "the header is one line group");
+// A chunk's FP8 lines and their scale slots (one a line, the eighth of each part unused).
+constexpr int kChunkScales = kReceiveGroupsPerLane * kLinesPerGroup;
+static_assert(kChunkScales % kWarp == 0 && kChunkScales * 4 <= kPartStreamBytes, "a chunk's scales stage in the warp's buffer");
 
 // The receive phase: a warp per message slot (source rank, token), the slots dealt over the blocks
 // first (receiveWarpIndex), so that a few messages still spread over many SMs. Each poll loads the
@@ -490,7 +493,8 @@ static_assert(llHeaderLines(kMaxTopk) <= kLinesPerGroup, "the header is one line
 // warp's registers: the warp hands out the message's rows (the set's recvCount of each local
 // expert it names, once this rank's send phase has cleared them), notes them for combine and
 // stores the lines into each row; a BF16 row's second half is polled and stored the same way.
-__device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, LlWarpStamps& stamps) {
+__device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, float* scaleStage,
+                                LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
   const int warp = receiveWarpIndex();
   const int warps = gridDim.x * kWarps;
@@ -582,19 +586,38 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     const unsigned targets = __ballot_sync(0xffffffff, row >= 0);
     for (int q0 = 0; q0 < groups; q0 += kReceiveGroupsPerLane) {
       if (q0 != 0 && !poll(lanePiece, q0, false)) return;
+      // The chunk's FP8 scales, from the flag pieces of its lines (line l of the chunk: scale
+      // l % 8 of its part l / 8) through shared memory to lanes in scale order, so that each row
+      // takes them in whole stores.
+      float scale[kChunkScales / kWarp];
+      const int firstScale = q0 * kLinesPerGroup / 8 * kPartScales;
+      if (in.fp8) {
+        __syncwarp();  // the previous chunk's scales read
+        if (flagLane) {
+#pragma unroll
+          for (int i = 0; i < kReceiveGroupsPerLane; ++i) scaleStage[i * kLinesPerGroup + laneLine] = __int_as_float(v[i].x);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < kChunkScales / kWarp; ++r) {
+          const int j = r * kWarp + lane;
+          scale[r] = j < kChunkScales - kChunkScales / 8 ? scaleStage[j / kPartScales * 8 + j % kPartScales] : 0.0f;
+        }
+      }
       for (unsigned m = targets; m != 0; m &= m - 1) {
         const size_t to = static_cast<size_t>(__shfl_sync(0xffffffff, row, __ffs(m) - 1));
         int4* out = reinterpret_cast<int4*>(local.recvX + to * rowBytes) + laneVector;
-        float* scalesOut = local.recvScales + to * scalesPerRow;
 #pragma unroll
         for (int i = 0; i < kReceiveGroupsPerLane; ++i) {
           const int q = q0 + i;
-          if (!flagLane) {
-            if (q * kGroupVectors + laneVector < vectors) out[q * kGroupVectors] = v[i];
-          } else if (in.fp8) {
-            const int line = q * kLinesPerGroup + laneLine;  // the part's line line % 8 holds scale line % 8
-            const int scale = line / 8 * kPartScales + line % 8;
-            if (line % 8 < kPartScales && scale < scalesPerRow) scalesOut[scale] = __int_as_float(v[i].x);
+          if (!flagLane && q * kGroupVectors + laneVector < vectors) out[q * kGroupVectors] = v[i];
+        }
+        if (in.fp8) {
+          float* scalesOut = local.recvScales + to * scalesPerRow + firstScale;
+#pragma unroll
+          for (int r = 0; r < kChunkScales / kWarp; ++r) {
+            const int j = r * kWarp + lane;
+            if (j < kChunkScales - kChunkScales / 8 && firstScale + j < scalesPerRow) scalesOut[j] = scale[r];
           }
         }
       }
@@ -619,7 +642,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
   traceKernelStart(g);
   LlWarpStamps stamps;
   __shared__ uint64_t startWords[4];
-  // Per warp: the part stream it sends.
+  // Per warp: the part stream it sends, then the scales of the rows it receives.
   __shared__ alignas(16) char partStreams[kWarps][kPartStreamBytes];
   const uint64_t startWord = threadIdx.x < 4 ? loadStartWord(g, counters, set, lane) : 0;
   uint64_t partSeen = 0, bitsSeen = 0, bitmapMask = 0;
@@ -644,7 +667,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDisp
     sendCounted(g, counters, set, e.send);
   }
   if (receive) {
-    dispatchReceive(g, in, set, e.receive, stamps);
+    dispatchReceive(g, in, set, e.receive, reinterpret_cast<float*>(partStreams[threadIdx.x / kWarp]), stamps);
   }
   traceWarp(g, kTraceLlDispatchStarted, send ? e.send : e.receive, stamps);
 }
