@@ -94,7 +94,7 @@ struct unifabEpGroup {
                                    cudaStream_t stream);
   static unifab::Result planLowLatencyLayout(const unifabEpConfig_t& config, int nRanks,
                                              unifab::kernels::ep::LlLayout* layout);
-  // unifabInvalidUsage unless this GPU and its links carry the combine's flagged lines safely.
+  // unifabInvalidUsage unless this GPU and its links carry the dispatch's and combine's flagged lines safely.
   static unifab::Result requireFlaggedLineLinks(int nRanks);
   // Window bytes of a group of either mode.
   static unifab::Result windowBytes(const unifabEpConfig_t& config, int nRanks, size_t* bytes);

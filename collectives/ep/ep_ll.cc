@@ -54,9 +54,10 @@ Result unifabEpGroup::planLowLatencyLayout(const unifabEpConfig_t& config, int n
   return unifabSuccess;
 }
 
-// The combine's flagged lines need a GPU and links that deliver a warp's 128-byte line store whole:
-// verified on Hopper over NVLink (NCCL's LL128 protocol relies on the same). Peer writes over PCIe
-// promise no such thing, so a group elsewhere is refused rather than left to read torn lines.
+// The dispatch's and the combine's flagged lines (neither writes a fence or a tag) need a GPU and
+// links that deliver a warp's 128-byte line store whole: verified on Hopper over NVLink (NCCL's
+// LL128 protocol relies on the same). Peer writes over PCIe promise no such thing, so a group
+// elsewhere is refused rather than left to read torn lines.
 Result unifabEpGroup::requireFlaggedLineLinks(int nRanks) {
   int device = 0;
   int major = 0;
@@ -64,8 +65,8 @@ Result unifabEpGroup::requireFlaggedLineLinks(int nRanks) {
   UF_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   if (major != 9) {
     return UF_ERROR(unifabInvalidUsage, kExt,
-                    "low-latency EP needs a Hopper GPU (sm_90, where NVLink delivers the combine's 128-byte "
-                    "flagged lines whole); GPU %d is sm_%dx",
+                    "low-latency EP needs a Hopper GPU (sm_90, where NVLink delivers the dispatch's and combine's "
+                    "128-byte flagged lines whole); GPU %d is sm_%dx",
                     device, major);
   }
   if (nRanks == 1) return unifabSuccess;
@@ -74,8 +75,8 @@ Result unifabEpGroup::requireFlaggedLineLinks(int nRanks) {
   const int links = unifab::tuner::activeNvlinks(busId);
   if (links <= 0) {
     return UF_ERROR(unifabInvalidUsage, kExt,
-                    "low-latency EP needs NVLink between its ranks (the combine's 128-byte flagged lines are not "
-                    "delivered whole over PCIe); GPU %s has %s",
+                    "low-latency EP needs NVLink between its ranks (the dispatch's and combine's 128-byte flagged "
+                    "lines are not delivered whole over PCIe); GPU %s has %s",
                     busId, links == 0 ? "no active NVLink" : "an NVLink state NVML could not report");
   }
   return unifabSuccess;

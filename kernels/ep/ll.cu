@@ -182,9 +182,11 @@ __device__ __forceinline__ bool released(const LlView& g, const uint64_t* word, 
 
 // The receiving warp's word for a slot it has read, stored by lane 0 (into the sender's memory for a
 // dispatch slot, this GPU's for a combine part). No fence: it relies on every lane's loads of the
-// slot having returned, which holds because each loaded value was used (stored into the outputs,
-// or branched on) before the warp barrier, and a GPU issues a thread's instructions in order. A
-// sender that reads the word writes the slot only after (its stores depend on the branch on it).
+// slot having returned, which holds for every value that matters because each was used (stored
+// into the outputs, or branched on) before the warp barrier, and a GPU issues a thread's
+// instructions in order; a load whose value is thrown away (a dispatch line's padding) may still
+// be in flight, harmlessly. A sender that reads the word writes the slot only after (its stores
+// depend on the branch on it).
 __device__ __forceinline__ void releaseSlot(uint64_t* word, uint64_t epoch, int lane) {
   __syncwarp();
   if (lane == 0) storeRelaxed(word, epoch);
@@ -492,7 +494,8 @@ static_assert(kChunkScales % kWarp == 0 && kChunkScales * 4 <= kPartStreamBytes,
 // once they all carry the call's epoch their values, scales and top-k entries are already in the
 // warp's registers: the warp hands out the message's rows (the set's recvCount of each local
 // expert it names, once this rank's send phase has cleared them), notes them for combine and
-// stores the lines into each row; a BF16 row's second half is polled and stored the same way.
+// stores the lines into each row. A row of more groups (BF16 above hidden 3584, FP8 above 7168)
+// polls and stores its further chunks the same way, without the header.
 __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, float* scaleStage,
                                 LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
@@ -569,6 +572,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     countsCleared = true;
     if (!poll(lanePiece, 0, true)) return;
     if (stamps.arrived == 0) stamps.arrived = traceNow(g);
+    // Taken before any later chunk's poll, which leaves `header` undefined (loadPieceIf).
     const int k = lane < g.topk ? lane : 0;
     const int id = headerWord(k);
     const float weight = __int_as_float(headerWord(g.topk + k));

@@ -79,7 +79,7 @@ struct LlLayout {
   size_t setBytes;
   size_t tokenBits;     // uint64 [nRanks][bitWords]: tagged bitmaps of the tokens rank s sends us
   size_t messages;      // [nRanks][maxTokens][messageBytes]: slot of (source rank, token), a run of
-                        //   run of llRunLines flagged lines
+                        //   llRunLines flagged lines
   size_t partials;      // [nRanks][maxTokens][partialBytes]: lines of rank d's combine partial for our token t
   size_t total;
   int bitWords;         // ceil(maxTokens / 32)

@@ -447,8 +447,10 @@ int main(int argc, char** argv) {
   struct ShapeSpec {
     int experts, hidden, topk, tokens;
   };
-  // Top-32 puts the message's header on three lines.
-  std::vector<ShapeSpec> shapes = {{16, 2048, 4, 64}, {64, 4096, 6, 128}, {256, 7168, 8, 128}, {64, 4096, 32, 48}};
+  // Top-32 puts the message's header on three lines, top-16 on two; hidden 9216 takes a second
+  // chunk of 16 line groups in FP8 (its scales from 56 on) and three in BF16.
+  std::vector<ShapeSpec> shapes = {{16, 2048, 4, 64}, {64, 4096, 6, 128}, {256, 7168, 8, 128}, {64, 4096, 32, 48},
+                                   {64, 9216, 16, 64}};
   if (quick) shapes = {{64, 2048, 6, 64}};
   if (full) {
     shapes.clear();
