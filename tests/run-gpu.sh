@@ -11,6 +11,7 @@
 # about twice that: one or two ops per device call; UNIFAB_TUNESWEEP_REPS changes the repetitions,
 # UNIFAB_TUNESWEEP_SIZES the sizes, e.g. "--min 8 --max 256M --factor 8");
 # UNIFAB_TRACE_DTYPES / UNIFAB_TRACE_OPS limit the trace step (default: bf16 fp8 x empty cached dispatch combine);
+# UNIFAB_LLTRACE_TOKENS (default "1 128") and UNIFAB_LLTRACE_DTYPE (default fp8) set the lltrace step's runs;
 # ab measures the working tree against itself with UNIFAB_AB_PATCH (default ab.patch; or several
 # NAME=FILE baselines) reversed, interleaved (UNIFAB_AB_ARGS, UNIFAB_AB_DTYPES, UNIFAB_AB_REPS,
 # UNIFAB_AB_COLUMNS, UNIFAB_AB_TEST: a gpu test that each baseline must pass to be timed);
@@ -409,9 +410,11 @@ for step in $steps; do
     ;;
   lltrace)
     # Each low-latency combine call follows a full dispatch, so one run traces both operations.
-    say "== UNIFAB_EP_TRACE=1: low-latency phase ends (FP8 dispatch, BF16 combine; every call, warm-up included)"
+    # UNIFAB_LLTRACE_DTYPE picks the dispatch's dtype (default fp8).
+    trace_dtype="${UNIFAB_LLTRACE_DTYPE:-fp8}"
+    say "== UNIFAB_EP_TRACE=1: low-latency phase ends (${trace_dtype^^} dispatch, BF16 combine; every call, warm-up included)"
     for tokens in ${UNIFAB_LLTRACE_TOKENS:-1 128}; do
-      UNIFAB_EP_TRACE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "$bench" ep --mode ll --dtype fp8 --tokens "$tokens" \
+      UNIFAB_EP_TRACE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "$bench" ep --mode ll --dtype "$trace_dtype" --tokens "$tokens" \
         --ops combine --iters 50 --warmup 10 >"$logs/ep-lltrace-$tokens.txt" 2>&1 || failed=1
       grep -E "^ +[0-9]+ +[a-z]" "$logs/ep-lltrace-$tokens.txt" | tee -a "$summary"
       grep -o -E "EP trace rank [0-9]+: LL.*" "$logs/ep-lltrace-$tokens.txt" | sort | sed "s/^/  /" | tee -a "$summary"
