@@ -162,18 +162,16 @@ enum TracePoint : int {
   // no round trip to the phases it measures):
   kTraceLlDispatchStarted,    // each warp: its block's barrier passed with the call's epochs (its first inputs were issued before)
   kTraceLlDispatchLoaded,     // each sending warp: its first part's inputs arrived (quantized)
-  kTraceLlDispatchFenced,     // each sending warp: its last part's lines stored
+  kTraceLlDispatchLinesStored,  // each sending warp: its last part's lines stored
   kTraceLlDispatchSent,       // each sending warp: its last item (part or bitmap word) done
-  kTraceLlDispatchTagsIn,     // each receiving warp: its first message's lines all in
+  kTraceLlDispatchLinesIn,    // each receiving warp: its first message's lines all in
   kTraceLlDispatchReceived,   // each receiving warp: its last message copied
-  kTraceLlDispatchStored,     // not recorded since the dispatch's lines need no fence
   kTraceLlCombineStarted,
   kTraceLlCombineLoaded,      // each sending warp: its first item's expert rows summed
   kTraceLlCombineStored,      // each sending warp: its first part's lines stored
   kTraceLlCombineSent,        // each sending warp: its last part's lines stored
   kTraceLlCombineLinesIn,     // each receiving warp: its first token's first partials all in
   kTraceLlCombineReceived,
-  kTraceLlCombineUnused,      // not recorded (the combine's lines need no fence): keeps both operations' points aligned
   kTracePoints
 };
 constexpr int kTraceCalls = 256;

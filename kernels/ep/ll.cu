@@ -85,11 +85,10 @@ __device__ __forceinline__ bool blockStarted(uint64_t* shared, uint64_t startWor
 // Tracing (UNIFAB_EP_TRACE): lane 0 of each warp keeps the global timer at each of its points
 // (0: not reached) and records them all after its work; block 0 stamps the kernel's start.
 // `published`: the dispatch's last part's lines stored, the combine's first part's lines stored;
-// `arrived`: the dispatch's first message's lines all in, the combine's first partials'
-// lines in; `stored`: unused since the dispatch has no fence (kept so both operations' points align).
+// `arrived`: the dispatch's first message's lines all in, the combine's first partials' lines in.
 // Stamps keep the timer's low 32 bits (differences within a call are far below 4 s).
 struct LlWarpStamps {
-  uint32_t started = 0, loaded = 0, published = 0, sent = 0, arrived = 0, received = 0, stored = 0;
+  uint32_t started = 0, loaded = 0, published = 0, sent = 0, arrived = 0, received = 0;
 };
 
 __device__ __forceinline__ uint32_t traceNow(const LlView& g) {
@@ -124,8 +123,8 @@ __device__ __forceinline__ void traceKernelStart(const LlView& g) {
 __device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, uint64_t epoch, const LlWarpStamps& t) {
   if (g.trace == nullptr || threadIdx.x % kWarp != 0) return;
   const uint32_t start = static_cast<uint32_t>(*reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart));
-  const uint32_t at[] = {t.started, t.loaded, t.published, t.sent, t.arrived, t.received, t.stored};
-  for (int i = 0; i < 7; ++i) {
+  const uint32_t at[] = {t.started, t.loaded, t.published, t.sent, t.arrived, t.received};
+  for (int i = 0; i < 6; ++i) {
     // A warp that gets here before block 0 stamped this call's start reads the previous call's
     // start (an inflated time; tracing is a diagnostic), or a wrapped difference, left out.
     if (at[i] != 0 && at[i] - start < (1u << 31)) {
@@ -452,7 +451,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
       run.storeLines(msg + dataAt, 0, dataLines, lane);
       if (p == 0) run.storeLines(msg + headerAt, dataLines, dataLines + llHeaderLines(g.topk), lane);
     }
-    if (lane == 0) stamps.published = traceNowIssued(g);  // no fence: `stored` stays unrecorded
+    if (lane == 0) stamps.published = traceNowIssued(g);
   }
 
   // What each rank should expect: one tagged bitmap word per 32 tokens (all of maxTokens, so
