@@ -121,8 +121,8 @@ struct WarpDeadline {
 
 // Spins until `ready()` (a relaxed read of the awaited word), bounded by the timeout: false on
 // timeout (raising it) or soon after another wait under `w` has timed out (timedOutAtPoll). kPause
-// sleeps between polls (32 ns growing to kMaxPauseNs) where many warps wait at once.
-template <bool kPause, unsigned kMaxPauseNs = 256, typename Ready>
+// sleeps between polls (32 ns growing to 256 ns) where many warps wait at once.
+template <bool kPause, typename Ready>
 __device__ __forceinline__ bool waitBounded(const WaitBounds& w, int timeoutCode, Ready ready) {
   if (ready()) return true;
   const uint64_t start = globalTimerNs();
@@ -135,7 +135,7 @@ __device__ __forceinline__ bool waitBounded(const WaitBounds& w, int timeoutCode
     }
     if (kPause) {
       __nanosleep(pause);
-      pause = min(pause * 2, kMaxPauseNs);
+      pause = min(pause * 2, 256u);
     }
   }
   return true;

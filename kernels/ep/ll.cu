@@ -47,9 +47,9 @@ __device__ __forceinline__ int receiveWarpIndex() {
   return (kWarps - 1 - static_cast<int>(threadIdx.x / kWarp)) * gridDim.x + blockIdx.x;
 }
 
-template <bool kPause, unsigned kMaxPauseNs = 256, typename Ready>
+template <bool kPause, typename Ready>
 __device__ __forceinline__ bool waitUntil(const LlView& g, Ready ready) {
-  return waitBounded<kPause, kMaxPauseNs>(bounds(g), kErrorTimeout, ready);
+  return waitBounded<kPause>(bounds(g), kErrorTimeout, ready);
 }
 
 // A wait's outcome made the same in every lane (a lane may see the group's timeout a poll earlier),
