@@ -2,7 +2,7 @@
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
 # and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
-#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [engram] [nccltests] [ntcompare] [tunesweep] [epsweep] [trace] [lltrace] [sanitize] [sweep] [ab]
+#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [copyroutes] [engram] [nccltests] [ntcompare] [tunesweep] [epsweep] [trace] [lltrace] [sanitize] [sweep] [ab]
 #   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
 # UNIFAB_TUNESWEEP_CHANNELS replaces the forced channel counts (NVLink 8,24,32; unifab 1,2,8).
@@ -11,10 +11,12 @@
 # about twice that: one or two ops per device call; UNIFAB_TUNESWEEP_REPS changes the repetitions,
 # UNIFAB_TUNESWEEP_SIZES the sizes, e.g. "--min 8 --max 256M --factor 8");
 # UNIFAB_TRACE_DTYPES / UNIFAB_TRACE_OPS limit the trace step (default: bf16 fp8 x empty cached dispatch combine);
+# UNIFAB_COPYROUTES_ARGS / UNIFAB_ENGRAM_ARGS replace the copyroutes / engram steps' arguments;
 # UNIFAB_LLTRACE_TOKENS (default "1 128") and UNIFAB_LLTRACE_DTYPE (default fp8) set the lltrace step's runs;
 # ab measures the working tree against itself with UNIFAB_AB_PATCH (default ab.patch; or several
 # NAME=FILE baselines) reversed, interleaved (UNIFAB_AB_ARGS, UNIFAB_AB_DTYPES, UNIFAB_AB_REPS,
-# UNIFAB_AB_COLUMNS, UNIFAB_AB_TEST: a gpu test that each baseline must pass to be timed);
+# UNIFAB_AB_COLUMNS, UNIFAB_AB_TEST: a gpu test that each baseline must pass to be timed;
+# UNIFAB_AB_DTYPES=- for a benchmark without --dtype);
 # UNIFAB_GPU_TESTS_LIMIT_S bounds the whole tests step (default 360 s: the 28 tests take ~170 s,
 # and a device call ends at 600 s) so that a hang still leaves its logs and the later steps run;
 # UNIFAB_SANITIZE_LIMIT_S bounds each compute-sanitizer run (default 150 s), UNIFAB_SANITIZE_TESTS
@@ -197,6 +199,11 @@ for step in $steps; do
     "$bench" ep --mode ll --tokens 1 --ops floor --iters 50 --warmup 10 >"$logs/ep-ll-floor.txt" 2>&1 || failed=1
     tee -a "$summary" <"$logs/ep-ll-floor.txt"
     ;;
+  copyroutes)
+    say "== unifab-bench copy-routes ${UNIFAB_COPYROUTES_ARGS:-}"
+    "$bench" copy-routes ${UNIFAB_COPYROUTES_ARGS:---bytes 256M --busy-ms 40} >"$logs/copy-routes.txt" 2>&1 || failed=1
+    tee -a "$summary" <"$logs/copy-routes.txt"
+    ;;
   pp)
     say "== unifab-bench copy-routes: which copies stay off the SMs (the zero-SM operations depend on it)"
     "$bench" copy-routes --bytes 256M --busy-ms 40 >"$logs/copy-routes.txt" 2>&1 || failed=1
@@ -211,7 +218,7 @@ for step in $steps; do
     ;;
   engram)
     say "== unifab-bench engram, random rows of the peer GPU"
-    "$bench" engram --rows 256,1K,4K,14K,64K --fetch 64M --iters 20 --csv "$logs/engram.csv" >"$logs/engram.txt" 2>&1 || failed=1
+    "$bench" engram ${UNIFAB_ENGRAM_ARGS:---rows 256,1K,4K,14K,64K --fetch 64M --iters 20} --csv "$logs/engram.csv" >"$logs/engram.txt" 2>&1 || failed=1
     tee -a "$summary" <"$logs/engram.txt"
     ;;
   nccltests)
@@ -512,7 +519,8 @@ for step in $steps; do
       for dtype in ${UNIFAB_AB_DTYPES:-fp8 bf16}; do
         for side in "${variants[@]}" change; do
           binary="$bench"; [ "$side" != change ] && binary="/tmp/unifab-ab-$side/build/tests/bench/unifab-bench"
-          timeout 120 "$binary" $ab_args --dtype "$dtype" >"$logs/ab-$side-$dtype-$rep.txt" 2>&1 || failed=1
+          dtype_args=(--dtype "$dtype"); [ "$dtype" = - ] && dtype_args=()  # "-": a benchmark without dtypes
+          timeout 120 "$binary" $ab_args "${dtype_args[@]}" >"$logs/ab-$side-$dtype-$rep.txt" 2>&1 || failed=1
           grep -E "^ +([0-9]+ +)?[a-z]" "$logs/ab-$side-$dtype-$rep.txt" | sed "s/^/$side $dtype rep $rep:/" | tee -a "$summary"
         done
       done

@@ -444,7 +444,217 @@ bool measureBatchIssueThreads(char* local0, char* peer1, char* local1, char* pee
   return true;
 }
 
-bool run(size_t bytes, double busyMs) {
+// Memory of GPU `owner` mapped by the driver's virtual memory API (as NCCL maps its symmetric
+// windows, which Engram's copies read), readable and writable by GPUs 0 and 1; null when the
+// driver lacks the API. The batch call's host cost per copy may depend on how memory was made.
+char* vmmAlloc(int owner, size_t bytes, int gpus) {
+  auto resolve = [](const char* name) -> void* {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return fn;
+  };
+  using Granularity = CUresult(CUDAAPI*)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags);
+  using Create = CUresult(CUDAAPI*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
+  using Reserve = CUresult(CUDAAPI*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  using Map = CUresult(CUDAAPI*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  using SetAccess = CUresult(CUDAAPI*)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
+  auto granularity = reinterpret_cast<Granularity>(resolve("cuMemGetAllocationGranularity"));
+  auto create = reinterpret_cast<Create>(resolve("cuMemCreate"));
+  auto reserve = reinterpret_cast<Reserve>(resolve("cuMemAddressReserve"));
+  auto map = reinterpret_cast<Map>(resolve("cuMemMap"));
+  auto setAccess = reinterpret_cast<SetAccess>(resolve("cuMemSetAccess"));
+  if (granularity == nullptr || create == nullptr || reserve == nullptr || map == nullptr || setAccess == nullptr) {
+    return nullptr;
+  }
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = owner;
+  size_t unit = 0;
+  if (granularity(&unit, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) != CUDA_SUCCESS || unit == 0) return nullptr;
+  const size_t size = (bytes + unit - 1) / unit * unit;
+  CUmemGenericAllocationHandle handle = 0;
+  CUdeviceptr at = 0;
+  if (create(&handle, size, &prop, 0) != CUDA_SUCCESS || reserve(&at, size, unit, 0, 0) != CUDA_SUCCESS ||
+      map(at, size, 0, handle, 0) != CUDA_SUCCESS) {
+    return nullptr;
+  }
+  std::vector<CUmemAccessDesc> access(gpus);
+  for (int g = 0; g < gpus; ++g) {
+    access[g].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[g].location.id = g;
+    access[g].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  if (setAccess(at, size, access.data(), access.size()) != CUDA_SUCCESS) return nullptr;
+  return reinterpret_cast<char*>(at);  // left mapped until the process ends: a benchmark's one buffer
+}
+
+// What the host spends to hand a fetch of random 64 KiB row copies (1024 at most) to the copy
+// engine, and how fast the engine then runs them, by the way they are issued: one
+// cudaMemcpyBatchAsync of every row, batches of 256 down to 32 rows, a cudaMemcpyAsync per row, or
+// a CUDA graph of a memcpy node per row built once and re-pointed at each fetch's rows. Engram's
+// zero-SM fetch of 64 KiB rows is bound by the host's ~0.5-1 us per copy inside the batch call
+// (docs/benchmarks/pp-engram.md). Per path: host time of one fetch's issue and its stream time
+// alone (medians of 9), 10 fetches back to back, and its stream time next to a kernel holding
+// every SM (a path that waits for the SMs is not zero-SM).
+bool measureRowIssuePaths(const char* label, char* dst, const char* src, size_t bytes, int blocks, long long cycles) {
+  constexpr size_t kRow = size_t{64} << 10;
+  const size_t rows = std::min<size_t>(bytes / kRow, 1024);
+  if (rows < 4) return true;
+  std::vector<size_t> order(rows);
+  for (size_t i = 0; i < rows; ++i) order[i] = i;
+  uint64_t state = 1234567;
+  auto shuffle = [&]() {
+    for (size_t i = rows - 1; i > 0; --i) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      std::swap(order[i], order[(state >> 33) % (i + 1)]);
+    }
+  };
+  std::vector<void*> dsts(rows);
+  std::vector<const void*> srcs(rows);
+  std::vector<size_t> sizes(rows, kRow);
+  auto nextFetch = [&]() {
+    shuffle();
+    for (size_t i = 0; i < rows; ++i) {
+      dsts[i] = dst + i * kRow;
+      srcs[i] = src + order[i] * kRow;
+    }
+  };
+  // Each source row starts with its own index, so that the check at the end can fail.
+  for (size_t r = 0; r < rows; ++r) {
+    const uint64_t head[2] = {r, ~r};
+    TEST_CUDA_CHECK(cudaMemcpy(const_cast<char*>(src) + r * kRow, head, sizeof(head), cudaMemcpyHostToDevice));
+  }
+  nextFetch();
+  cudaStream_t stream = nullptr, busy = nullptr;
+  TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
+  Timer timer;
+  TEST_CUDA_CHECK(cudaEventCreate(&timer.start));
+  TEST_CUDA_CHECK(cudaEventCreate(&timer.stop));
+
+  // A graph of one memcpy node per row in two chains, built once; each fetch re-points its nodes
+  // (cudaGraphExecMemcpyNodeSetParams1D) before the launch.
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t graphExec = nullptr;
+  std::vector<cudaGraphNode_t> nodes(rows);
+  TEST_CUDA_CHECK(cudaGraphCreate(&graph, 0));
+  for (size_t i = 0; i < rows; ++i) {
+    const bool linked = i >= 2;
+    TEST_CUDA_CHECK(cudaGraphAddMemcpyNode1D(&nodes[i], graph, linked ? &nodes[i - 2] : nullptr, linked ? 1 : 0,
+                                             dsts[i], srcs[i], kRow, cudaMemcpyDeviceToDevice));
+  }
+  TEST_CUDA_CHECK(cudaGraphInstantiate(&graphExec, graph, 0));
+  auto pointGraph = [&]() -> cudaError_t {
+    for (size_t i = 0; i < rows; ++i) {
+      const cudaError_t e =
+          cudaGraphExecMemcpyNodeSetParams1D(graphExec, nodes[i], dsts[i], srcs[i], kRow, cudaMemcpyDeviceToDevice);
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  };
+  auto batches = [&](size_t per, cudaMemcpySrcAccessOrder order, unsigned flags) -> cudaError_t {
+    for (size_t first = 0; first < rows; first += per) {
+      const cudaError_t e = copyBatch(dsts.data() + first, srcs.data() + first, sizes.data() + first,
+                                      std::min(per, rows - first), order, flags, stream);
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  };
+  struct Path {
+    std::string name;
+    std::function<cudaError_t()> issue;
+  };
+  std::vector<Path> paths;
+  for (size_t per : {rows, size_t{256}, size_t{128}, size_t{64}, size_t{32}}) {
+    paths.push_back({per == rows ? std::string("one cudaMemcpyBatchAsync (Engram's)")
+                                 : "cudaMemcpyBatchAsync of " + std::to_string(per) + " rows at a time",
+                     [&, per] { return batches(per, cudaMemcpySrcAccessOrderStream, cudaMemcpyFlagPreferOverlapWithCompute); }});
+  }
+  paths.push_back({"one batch, any source order, no hint",
+                   [&] { return batches(rows, cudaMemcpySrcAccessOrderAny, cudaMemcpyFlagDefault); }});
+  paths.push_back({"a cudaMemcpyAsync per row", [&] {
+                     for (size_t i = 0; i < rows; ++i) {
+                       const cudaError_t e = cudaMemcpyAsync(dsts[i], srcs[i], kRow, cudaMemcpyDeviceToDevice, stream);
+                       if (e != cudaSuccess) return e;
+                     }
+                     return cudaSuccess;
+                   }});
+  paths.push_back({"graph of a node per row, nodes re-pointed", [&] {
+                     const cudaError_t e = pointGraph();
+                     return e != cudaSuccess ? e : cudaGraphLaunch(graphExec, stream);
+                   }});
+
+  printf("# %s: %zu random 64 KiB rows a fetch; host = time of the issue calls, alone = stream time (median of 9),\n"
+         "# b2b = 10 fetches issued back to back, busy = stream time next to a kernel on every SM\n",
+         label, rows);
+  printf("# %-44s %10s %10s %10s %10s %9s\n", "issue path", "host(us)", "alone(us)", "b2b(us)", "busy(us)", "GB/s b2b");
+  for (const Path& path : paths) {
+    std::vector<double> host, alone;
+    for (int i = 0; i < 10; ++i) {
+      nextFetch();
+      TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
+      TEST_CUDA_CHECK(cudaEventRecord(timer.start, stream));
+      const auto t0 = std::chrono::steady_clock::now();
+      TEST_CUDA_CHECK(path.issue());
+      const auto t1 = std::chrono::steady_clock::now();
+      TEST_CUDA_CHECK(cudaEventRecord(timer.stop, stream));
+      TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
+      float ms = 0;
+      TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, timer.start, timer.stop));
+      if (i == 0) continue;  // warm-up
+      host.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      alone.push_back(ms * 1e3);
+    }
+    // Back to back: the next fetch's rows are set up between issues, as a caller's loop would.
+    TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto b0 = std::chrono::steady_clock::now();
+    constexpr int kInRow = 10;
+    for (int i = 0; i < kInRow; ++i) {
+      nextFetch();
+      TEST_CUDA_CHECK(path.issue());
+    }
+    TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const double b2b = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - b0).count() / kInRow;
+    TEST_CUDA_CHECK(cudaDeviceSynchronize());
+    holdSms<<<blocks, 1024, 0, busy>>>(cycles);
+    TEST_CUDA_CHECK(cudaGetLastError());
+    TEST_CUDA_CHECK(cudaEventRecord(timer.start, stream));
+    TEST_CUDA_CHECK(path.issue());
+    TEST_CUDA_CHECK(cudaEventRecord(timer.stop, stream));
+    TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
+    float busyMs = 0;
+    TEST_CUDA_CHECK(cudaEventElapsedTime(&busyMs, timer.start, timer.stop));
+    TEST_CUDA_CHECK(cudaDeviceSynchronize());
+    printf("  %-44s %10.1f %10.1f %10.1f %10.1f %9.1f\n", path.name.c_str(), median(host), median(alone), b2b, busyMs * 1e3,
+           rows * kRow / (b2b * 1e3));
+  }
+  // The rows a re-pointed graph copies are the rows asked for.
+  nextFetch();
+  TEST_CUDA_CHECK(cudaMemsetAsync(dst, 0, rows * kRow, stream));
+  TEST_CUDA_CHECK(pointGraph());
+  TEST_CUDA_CHECK(cudaGraphLaunch(graphExec, stream));
+  TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
+  size_t wrong = 0;
+  for (size_t i = 0; i < rows; i += 37) {
+    uint64_t got[2] = {0, 0};
+    TEST_CUDA_CHECK(cudaMemcpy(got, dsts[i], sizeof(got), cudaMemcpyDeviceToHost));
+    wrong += got[0] != order[i] || got[1] != ~static_cast<uint64_t>(order[i]);
+  }
+  printf("# re-pointed graph check: %zu of %zu sampled rows wrong\n", wrong, (rows + 36) / 37);
+  cudaGraphExecDestroy(graphExec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  cudaStreamDestroy(busy);
+  return wrong == 0;
+}
+
+bool run(size_t bytes, double busyMs, bool issuePathsOnly) {
   int gpus = 0, sms = 0, clockKhz = 0;
   TEST_CUDA_CHECK(cudaGetDeviceCount(&gpus));
   TEST_CUDA_CHECK(cudaSetDevice(0));
@@ -488,44 +698,56 @@ bool run(size_t bytes, double busyMs) {
     routes.push_back({"peer write (GPU 0 -> GPU 1)", [&](cudaStream_t s) { return cudaMemcpyAsync(peer, a, bytes, cudaMemcpyDeviceToDevice, s); }});
     routes.push_back({"peer read (GPU 1 -> GPU 0)", [&](cudaStream_t s) { return cudaMemcpyAsync(b, peer, bytes, cudaMemcpyDeviceToDevice, s); }});
   }
-  printf("# unifab-bench copy-routes: %s per copy, CUDA driver %d, GPU 0 held by %d blocks x 1024 threads for ~%.0f ms\n",
-         formatBytes(bytes).c_str(), driver, blocks, busyMs);
-  printf("# %-44s %10s %12s %s\n", "route", "alone(ms)", "busy(ms)", "verdict");
-  for (const Route& route : routes) {
-    double ms[2] = {0, 0};
-    for (int busyRun = 0; busyRun < 2; ++busyRun) {
-      TEST_CUDA_CHECK(cudaDeviceSynchronize());
-      if (busyRun == 1) {
-        holdSms<<<blocks, 1024, 0, busy>>>(cycles);
-        TEST_CUDA_CHECK(cudaGetLastError());
+  if (!issuePathsOnly) {
+    printf("# unifab-bench copy-routes: %s per copy, CUDA driver %d, GPU 0 held by %d blocks x 1024 threads for ~%.0f ms\n",
+           formatBytes(bytes).c_str(), driver, blocks, busyMs);
+    printf("# %-44s %10s %12s %s\n", "route", "alone(ms)", "busy(ms)", "verdict");
+    for (const Route& route : routes) {
+      double ms[2] = {0, 0};
+      for (int busyRun = 0; busyRun < 2; ++busyRun) {
+        TEST_CUDA_CHECK(cudaDeviceSynchronize());
+        if (busyRun == 1) {
+          holdSms<<<blocks, 1024, 0, busy>>>(cycles);
+          TEST_CUDA_CHECK(cudaGetLastError());
+        }
+        TEST_CUDA_CHECK(cudaEventRecord(timer.start, copies));
+        TEST_CUDA_CHECK(route.copy(copies));
+        TEST_CUDA_CHECK(cudaEventRecord(timer.stop, copies));
+        TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
+        float elapsed = 0;
+        TEST_CUDA_CHECK(cudaEventElapsedTime(&elapsed, timer.start, timer.stop));
+        ms[busyRun] = elapsed;
       }
-      TEST_CUDA_CHECK(cudaEventRecord(timer.start, copies));
-      TEST_CUDA_CHECK(route.copy(copies));
-      TEST_CUDA_CHECK(cudaEventRecord(timer.stop, copies));
-      TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
-      float elapsed = 0;
-      TEST_CUDA_CHECK(cudaEventElapsedTime(&elapsed, timer.start, timer.stop));
-      ms[busyRun] = elapsed;
+      const bool waited = ms[1] > ms[0] + 0.5 * busyMs;
+      printf("  %-44s %10.3f %12.3f %s\n", route.name, ms[0], ms[1], waited ? "waits for SMs" : "copy engine (no SM)");
     }
-    const bool waited = ms[1] > ms[0] + 0.5 * busyMs;
-    printf("  %-44s %10.3f %12.3f %s\n", route.name, ms[0], ms[1], waited ? "waits for SMs" : "copy engine (no SM)");
+    TEST_CUDA_CHECK(cudaDeviceSynchronize());
+    if (peer != nullptr && !measureSplitPeerCopy(a, peer, bytes)) return false;
+    if (peer != nullptr && !measureRowCopyStreams(b, peer, bytes)) return false;
+    if (peer != nullptr) {
+      // GPU 1's own buffers for the two-thread case: it pulls GPU 0's `a` into `peerLocal`.
+      char* peerLocal = nullptr;
+      TEST_CUDA_CHECK(cudaSetDevice(1));
+      TEST_CUDA_CHECK(cudaMalloc(&peerLocal, bytes));
+      TEST_CUDA_CHECK(cudaSetDevice(0));
+      const bool measured = measureBatchIssueThreads(b, peer, peerLocal, a, bytes);
+      TEST_CUDA_CHECK(cudaSetDevice(1));
+      cudaFree(peerLocal);
+      TEST_CUDA_CHECK(cudaSetDevice(0));
+      if (!measured) return false;
+    }
+    if (peer != nullptr && !measureHandOver(a, peer, bytes)) return false;
   }
-  TEST_CUDA_CHECK(cudaDeviceSynchronize());
-  if (peer != nullptr && !measureSplitPeerCopy(a, peer, bytes)) return false;
-  if (peer != nullptr && !measureRowCopyStreams(b, peer, bytes)) return false;
+  if (!measureRowIssuePaths("local rows", b, a, bytes, blocks, cycles)) return false;
   if (peer != nullptr) {
-    // GPU 1's own buffers for the two-thread case: it pulls GPU 0's `a` into `peerLocal`.
-    char* peerLocal = nullptr;
-    TEST_CUDA_CHECK(cudaSetDevice(1));
-    TEST_CUDA_CHECK(cudaMalloc(&peerLocal, bytes));
-    TEST_CUDA_CHECK(cudaSetDevice(0));
-    const bool measured = measureBatchIssueThreads(b, peer, peerLocal, a, bytes);
-    TEST_CUDA_CHECK(cudaSetDevice(1));
-    cudaFree(peerLocal);
-    TEST_CUDA_CHECK(cudaSetDevice(0));
-    if (!measured) return false;
+    if (!measureRowIssuePaths("rows of the peer GPU", b, peer, bytes, blocks, cycles)) return false;
+    char* mapped = vmmAlloc(1, bytes, gpus);
+    if (mapped == nullptr) {
+      printf("# rows of the peer GPU mapped by cuMemMap: the driver's virtual memory API failed; skipped\n");
+    } else if (!measureRowIssuePaths("rows of the peer GPU mapped by cuMemMap", b, mapped, bytes, blocks, cycles)) {
+      return false;
+    }
   }
-  if (peer != nullptr && !measureHandOver(a, peer, bytes)) return false;
   cudaStreamDestroy(busy);
   cudaStreamDestroy(copies);
   cudaFree(a);
@@ -540,11 +762,12 @@ bool run(size_t bytes, double busyMs) {
 int runCopyRoutes(Args& args) {
   const size_t bytes = parseBytes(args.value("--bytes", "256M"));
   const double busyMs = std::stod(args.value("--busy-ms", "40"));
+  const bool issuePathsOnly = args.flag("--issue-paths-only");
   if (!args.leftovers().empty() || bytes < 4096 || bytes % 4096 != 0 || busyMs <= 0) {
     fprintf(stderr, "copy-routes: --bytes must be a positive multiple of 4096, --busy-ms positive\n");
     return 2;
   }
-  return run(bytes, busyMs) ? 0 : 1;
+  return run(bytes, busyMs, issuePathsOnly) ? 0 : 1;
 }
 
 }  // namespace unifab::bench

@@ -39,7 +39,7 @@ void usage() {
       "  pp    --min BYTES --max BYTES --factor F --chunk BYTES --inflight N --iters N [--csv FILE]\n"
       "        [--engines unifab,nccl,copy]\n"
       "        pipeline send/recv rank 0 -> 1 (no SM), with ncclSend/ncclRecv and the copy engine\n"
-      "  engram --rows LIST --fetch BYTES --iters N [--csv FILE] [--engines gather,plain,copy,raw]\n"
+      "  engram --rows LIST --fetch BYTES --iters N [--csv FILE] [--engines gather,plain,copy,raw] [--thread-cpu] [--issuing-ranks 1|2]\n"
       "        Engram fetches of random peer rows per engine and SM count, against a plain gather kernel\n"
       "  tune-sweep --ops LIST --channels LIST --protocols LIST --min B --max B --factor F --iters N\n"
       "        --reps N --net nvlink|unifab --force tuner|env --out DIR [--log-tuning] [--spin-us N] [--batch N (NVLink 20, else 1)]\n"
@@ -54,7 +54,7 @@ void usage() {
       "        choosing otherwise than NCCL's default, the tuner is more than P %% slower than it;\n"
       "        --from-logs: analyse the CSVs and logs a finished sweep left in DIR again, running nothing\n"
       "  ep, pp, engram: --b2b N calls per back-to-back run (default 20, nccl-tests' -n)\n"
-      "  copy-routes --bytes BYTES --busy-ms MS\n"
+      "  copy-routes --bytes BYTES --busy-ms MS [--issue-paths-only]\n"
       "        each device-to-device copy route alone and next to a kernel holding every SM (one process)\n");
 }
 
