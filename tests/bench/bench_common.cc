@@ -1,10 +1,18 @@
 #include "tests/bench/bench_common.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 
 #include <cuda_runtime_api.h>
 
@@ -152,6 +160,51 @@ int relaunchPerGpu(const char* self, const char* command, const Args& args, int 
   std::vector<std::string> argv = {self, command};
   argv.insert(argv.end(), args.items.begin(), args.items.end());
   return test::launchRanks(launch, argv);
+}
+
+namespace {
+volatile uint64_t hostReferenceSink = 0;
+}  // namespace
+
+double hostReferenceUs() {
+  std::vector<double> samples;
+  for (int run = 0; run < 5; ++run) {
+    const auto start = std::chrono::steady_clock::now();
+    uint64_t x = 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(run);
+    for (int i = 0; i < (1 << 20); ++i) x = x * 6364136223846793005ULL + (x >> 29);
+    hostReferenceSink = x;  // keeps the chain from being optimised away
+    samples.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+  }
+  return median(samples);
+}
+
+void printThreadCpu(const char* who) {
+  DIR* tasks = opendir("/proc/self/task");
+  if (tasks == nullptr) return;
+  const double tick = 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  while (const dirent* entry = readdir(tasks)) {
+    if (entry->d_name[0] == '.') continue;
+    const std::string dir = std::string("/proc/self/task/") + entry->d_name;
+    std::ifstream statFile(dir + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(statFile)), std::istreambuf_iterator<char>());
+    const size_t open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    // Fields after the name, from the state (field 3): utime is field 14, stime 15, processor 39.
+    std::istringstream rest(stat.substr(close + 2));
+    std::vector<std::string> fields{std::istream_iterator<std::string>(rest), std::istream_iterator<std::string>()};
+    if (fields.size() < 37) continue;
+    const double cpuMs = (std::stod(fields[11]) + std::stod(fields[12])) * tick;
+    long voluntary = 0, forced = 0;
+    std::ifstream status(dir + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) voluntary = std::atol(line.c_str() + 24);
+      if (line.rfind("nonvoluntary_ctxt_switches:", 0) == 0) forced = std::atol(line.c_str() + 27);
+    }
+    printf("# %s thread %s %-16s cpu %9.0f ms, last on CPU %s, switches %ld voluntary %ld forced\n", who,
+           entry->d_name, stat.substr(open + 1, close - open - 1).c_str(), cpuMs, fields[36].c_str(), voluntary,
+           forced);
+  }
+  closedir(tasks);
 }
 
 }  // namespace unifab::bench

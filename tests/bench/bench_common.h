@@ -35,6 +35,16 @@ bool parseBackToBack(Args& args, const char* command);
 double median(std::vector<double> values);
 double percentile(std::vector<double> values, double fraction);
 
+// One line per thread of this process on stdout, prefixed by `who`: its name, CPU time (user +
+// system, ms), the CPU it last ran on, and its voluntary and forced context switches. Says which
+// threads a host-bound benchmark competes with for its cores.
+void printThreadCpu(const char* who);
+
+// Microseconds this thread takes for a fixed chain of dependent integer operations (median of 5,
+// ~1 ms each on an unloaded core): the host's own speed at that moment, next to host-bound
+// results on virtual machines whose CPU time comes and goes.
+double hostReferenceUs();
+
 // Path of the loaded libnccl-unifab.so (for NCCL_NET_PLUGIN), "" if unknown.
 std::string unifabLibraryPath();
 

@@ -29,6 +29,8 @@ struct EngramRun {
   int iters, warmup;
   std::string csv;
   std::string engines;  // comma-separated subset of gather,plain,copy,raw; empty: all
+  bool threadCpu = false;  // each rank lists its threads' CPU time at the end
+  int issuingRanks = 2;    // 1: rank 1 takes part in the barriers only (one process issuing copies)
   bool wants(const char* engine) const { return opSelected(engines, engine); }
 };
 
@@ -38,6 +40,7 @@ struct EngramRow {
   int sms;
   size_t rows;
   double us, backToBackUs, hostUs;
+  double cpuReferenceUs;  // the host's speed right after: hostReferenceUs()
 };
 
 bool runEngramRank(const EngramRun& run, const test::RankEnvironment& env) {
@@ -83,6 +86,7 @@ bool runEngramRank(const EngramRun& run, const test::RankEnvironment& env) {
     TEST_CUDA_CHECK(cudaMemcpy(deviceLocal, local.data(), sizeof(int64_t) * rows, cudaMemcpyHostToDevice));
     auto fetch = [&](unifabEngramEngine_t engine, int sms) {
       return [&, engine, sms] {
+        if (env.rank >= run.issuingRanks) return true;
         unifabEngramFetchArgs_t args = UNIFAB_ENGRAM_FETCH_ARGS_INIT;
         const bool copyEngine = engine == unifabEngramCopyEngine;
         args.rowIds = copyEngine ? static_cast<const void*>(global.data()) : static_cast<const void*>(deviceGlobal);
@@ -115,33 +119,37 @@ bool runEngramRank(const EngramRun& run, const test::RankEnvironment& env) {
     }
     auto rawBatch = [&](cudaMemcpySrcAccessOrder order, unsigned flags) {
       return [&, order, flags] {
+        if (env.rank >= run.issuingRanks) return true;
         return copyBatch(rowDsts.data(), rowSrcs.data(), rowSizes.data(), rows, order, flags, session.stream()) ==
                cudaSuccess;
       };
     };
     OpTimes t;
+    auto record = [&](const char* engine, int sms) {
+      results.push_back({rowBytes, engine, sms, rows, t.us, t.backToBackUs, t.hostUs, hostReferenceUs()});
+    };
     for (int sms : {1, 2, 4}) {
       if (run.wants("gather")) {
         if (!timeOp(session, timer, run.iters, run.warmup, fetch(unifabEngramSmGather, sms), &t)) return false;
-        results.push_back({rowBytes, "gather kernel", sms, rows, t.us, t.backToBackUs, t.hostUs});
+        record("gather kernel", sms);
       }
       if (run.wants("plain")) {
         if (!timeOp(session, timer, run.iters, run.warmup, plainGather(sms), &t)) return false;
-        results.push_back({rowBytes, "plain gather (baseline)", sms, rows, t.us, t.backToBackUs, t.hostUs});
+        record("plain gather (baseline)", sms);
       }
     }
     if (run.wants("copy")) {
       if (!timeOp(session, timer, run.iters, run.warmup, fetch(unifabEngramCopyEngine, 0), &t)) return false;
-      results.push_back({rowBytes, "copy engine", 0, rows, t.us, t.backToBackUs, t.hostUs});
+      record("copy engine", 0);
     }
     if (run.wants("raw")) {
       if (!timeOp(session, timer, run.iters, run.warmup,
                   rawBatch(cudaMemcpySrcAccessOrderStream, cudaMemcpyFlagPreferOverlapWithCompute), &t)) {
         return false;
       }
-      results.push_back({rowBytes, "raw batch, as Engram asks", 0, rows, t.us, t.backToBackUs, t.hostUs});
+      record("raw batch, as Engram asks", 0);
       if (!timeOp(session, timer, run.iters, run.warmup, rawBatch(cudaMemcpySrcAccessOrderAny, 0), &t)) return false;
-      results.push_back({rowBytes, "raw batch, any order", 0, rows, t.us, t.backToBackUs, t.hostUs});
+      record("raw batch, any order", 0);
     }
     if (unifabEngramGetAsyncError(table) != unifabSuccess) {
       fprintf(stderr, "rank %d: %s\n", env.rank, unifabGetLastError());
@@ -158,12 +166,13 @@ bool runEngramRank(const EngramRun& run, const test::RankEnvironment& env) {
            "rank; GB/s = 1e9 B/s of rows fetched\n", run.iters, run.warmup);
     printf("# b2b = per fetch (issue + wait) of %d in a row with no flush or barrier between them (as nccl-tests times), "
            "median of %d runs\n", backToBackCalls(), kBackToBackRuns);
-    printf("# %9s %-26s %4s %8s %10s %10s %10s %10s %10s %10s\n", "row B", "engine", "SMs", "rows", "time(us)",
-           "Mrows/s", "GB/s", "b2b(us)", "GB/s", "host(us)");
+    printf("# %9s %-26s %4s %8s %10s %10s %10s %10s %10s %10s %11s\n", "row B", "engine", "SMs", "rows", "time(us)",
+           "Mrows/s", "GB/s", "b2b(us)", "GB/s", "host(us)", "cpu ref(us)");
     for (const EngramRow& r : results) {
       const double bytes = static_cast<double>(r.rows) * r.rowBytes;
-      printf("  %9zu %-26s %4d %8zu %10.1f %10.2f %10.1f %10.1f %10.1f %10.1f\n", r.rowBytes, r.engine.c_str(), r.sms,
-             r.rows, r.us, r.rows / r.us, bytes / (r.us * 1e3), r.backToBackUs, bytes / (r.backToBackUs * 1e3), r.hostUs);
+      printf("  %9zu %-26s %4d %8zu %10.1f %10.2f %10.1f %10.1f %10.1f %10.1f %11.1f\n", r.rowBytes, r.engine.c_str(),
+             r.sms, r.rows, r.us, r.rows / r.us, bytes / (r.us * 1e3), r.backToBackUs, bytes / (r.backToBackUs * 1e3),
+             r.hostUs, r.cpuReferenceUs);
     }
     if (!run.csv.empty()) {
       FILE* f = fopen(run.csv.c_str(), "w");
@@ -176,6 +185,10 @@ bool runEngramRank(const EngramRun& run, const test::RankEnvironment& env) {
         fclose(f);
       }
     }
+  }
+  if (run.threadCpu) {
+    const std::string who = "rank " + std::to_string(env.rank);
+    printThreadCpu(who.c_str());
   }
   return true;
 }
@@ -192,6 +205,12 @@ int runEngram(Args& args, const char* self) {
   run.warmup = atoi(args.value("--warmup", "3").c_str());
   run.csv = args.value("--csv", "");
   run.engines = args.value("--engines", "");
+  run.threadCpu = args.flag("--thread-cpu");
+  run.issuingRanks = atoi(args.value("--issuing-ranks", "2").c_str());
+  if (run.issuingRanks < 1 || run.issuingRanks > 2) {
+    fprintf(stderr, "unifab-bench engram: --issuing-ranks must be 1 or 2\n");
+    return 2;
+  }
   if (!listWithin(run.engines, "gather,plain,copy,raw", "engram", "--engines")) return 2;
   if (!parseBackToBack(args, "engram")) return 2;
   if (!args.leftovers().empty()) {
