@@ -444,6 +444,52 @@ bool measureBatchIssueThreads(char* local0, char* peer1, char* local1, char* pee
   return true;
 }
 
+// The copy engine's rate for the same row fetch (1024 random 64 KiB rows out of `src`, one batch)
+// on each of several streams made one after another, the last two at the highest priority: whether
+// the rate belongs to the stream (the copy engine the driver gave it), which would explain the
+// processes whose every copy-engine fetch runs at about half the rate of others. Median of 5
+// fetches a stream, each timed alone.
+bool measureStreamCopyRates(char* dst, const char* src, size_t bytes) {
+  constexpr size_t kRow = size_t{64} << 10;
+  const size_t rows = std::min<size_t>(bytes / kRow, 1024);
+  if (rows < 4) return true;
+  std::vector<void*> dsts(rows);
+  std::vector<const void*> srcs(rows);
+  std::vector<size_t> sizes(rows, kRow);
+  for (size_t i = 0; i < rows; ++i) {
+    dsts[i] = dst + i * kRow;
+    srcs[i] = src + ((i * 7919) % rows) * kRow;
+  }
+  int leastPriority = 0, greatestPriority = 0;
+  TEST_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&leastPriority, &greatestPriority));
+  constexpr int kStreams = 10;
+  Timer timer;
+  TEST_CUDA_CHECK(cudaEventCreate(&timer.start));
+  TEST_CUDA_CHECK(cudaEventCreate(&timer.stop));
+  printf("# %zu random 64 KiB rows of the peer, one batch, on each of %d streams made in turn (median of 5, us):\n#",
+         rows, kStreams);
+  std::vector<cudaStream_t> streams(kStreams, nullptr);
+  for (int k = 0; k < kStreams; ++k) {
+    const int priority = k >= kStreams - 2 ? greatestPriority : leastPriority;
+    TEST_CUDA_CHECK(cudaStreamCreateWithPriority(&streams[k], cudaStreamNonBlocking, priority));
+    std::vector<double> samples;
+    for (int i = 0; i < 6; ++i) {
+      TEST_CUDA_CHECK(cudaEventRecord(timer.start, streams[k]));
+      TEST_CUDA_CHECK(copyBatch(dsts.data(), srcs.data(), sizes.data(), rows, cudaMemcpySrcAccessOrderStream,
+                                cudaMemcpyFlagPreferOverlapWithCompute, streams[k]));
+      TEST_CUDA_CHECK(cudaEventRecord(timer.stop, streams[k]));
+      TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
+      float ms = 0;
+      TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, timer.start, timer.stop));
+      if (i > 0) samples.push_back(ms * 1e3);
+    }
+    printf(" %s%.0f", k >= kStreams - 2 ? "high:" : "", median(samples));
+  }
+  printf("\n");
+  for (cudaStream_t stream : streams) cudaStreamDestroy(stream);
+  return true;
+}
+
 // Memory of GPU `owner` mapped by the driver's virtual memory API (as NCCL maps its symmetric
 // windows, which Engram's copies read), readable and writable by GPUs 0 and 1; null when the
 // driver lacks the API. The batch call's host cost per copy may depend on how memory was made.
@@ -741,6 +787,7 @@ bool run(size_t bytes, double busyMs, bool issuePathsOnly) {
   if (!measureRowIssuePaths("local rows", b, a, bytes, blocks, cycles)) return false;
   if (peer != nullptr) {
     if (!measureRowIssuePaths("rows of the peer GPU", b, peer, bytes, blocks, cycles)) return false;
+    if (!measureStreamCopyRates(b, peer, bytes)) return false;
     char* mapped = vmmAlloc(1, bytes, gpus);
     if (mapped == nullptr) {
       printf("# rows of the peer GPU mapped by cuMemMap: the driver's virtual memory API failed; skipped\n");
