@@ -69,7 +69,7 @@ write_all() {
     {
       echo "row_bytes,engine,sms,rows,time_us,mrows_per_s,gbs,b2b_us"
       echo "65536,copy engine,0,1024,110.00,1,1,100.00"
-      echo "65536,raw batch, as Engram asks,0,1024,110.00,1,1,10.00"
+      echo "65536,raw batch, one call,0,1024,110.00,1,1,10.00"
     } >"$dir/cmp-engram.ce.rep$rep.csv"
     # A run of another name that starts alike must not count.
     {
