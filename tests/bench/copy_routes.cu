@@ -548,7 +548,9 @@ char* vmmAlloc(int owner, size_t bytes, int gpus) {
 // (docs/benchmarks/pp-engram.md). Per path: host time of one fetch's issue and its stream time
 // alone (medians of 9), 10 fetches back to back, and its stream time next to a kernel holding
 // every SM (a path that waits for the SMs is not zero-SM).
-bool measureRowIssuePaths(const char* label, char* dst, const char* src, size_t bytes, int blocks, long long cycles) {
+// `stream` issues the copies, `busy` runs the SM-holding kernel (blocks x 1024 threads, `cycles`).
+bool measureRowIssuePaths(const char* label, char* dst, const char* src, size_t bytes, cudaStream_t stream,
+                          cudaStream_t busy, Timer& timer, int blocks, long long cycles) {
   constexpr size_t kRow = size_t{64} << 10;
   const size_t rows = std::min<size_t>(bytes / kRow, 1024);
   if (rows < 4) return true;
@@ -577,12 +579,6 @@ bool measureRowIssuePaths(const char* label, char* dst, const char* src, size_t 
     TEST_CUDA_CHECK(cudaMemcpy(const_cast<char*>(src) + r * kRow, head, sizeof(head), cudaMemcpyHostToDevice));
   }
   nextFetch();
-  cudaStream_t stream = nullptr, busy = nullptr;
-  TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
-  Timer timer;
-  TEST_CUDA_CHECK(cudaEventCreate(&timer.start));
-  TEST_CUDA_CHECK(cudaEventCreate(&timer.stop));
 
   // A graph of one memcpy node per row in two chains, built once; each fetch re-points its nodes
   // (cudaGraphExecMemcpyNodeSetParams1D) before the launch.
@@ -695,8 +691,6 @@ bool measureRowIssuePaths(const char* label, char* dst, const char* src, size_t 
   printf("# re-pointed graph check: %zu of %zu sampled rows wrong\n", wrong, (rows + 36) / 37);
   cudaGraphExecDestroy(graphExec);
   cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
-  cudaStreamDestroy(busy);
   return wrong == 0;
 }
 
@@ -784,14 +778,15 @@ bool run(size_t bytes, double busyMs, bool issuePathsOnly) {
     }
     if (peer != nullptr && !measureHandOver(a, peer, bytes)) return false;
   }
-  if (!measureRowIssuePaths("local rows", b, a, bytes, blocks, cycles)) return false;
+  if (!measureRowIssuePaths("local rows", b, a, bytes, copies, busy, timer, blocks, cycles)) return false;
   if (peer != nullptr) {
-    if (!measureRowIssuePaths("rows of the peer GPU", b, peer, bytes, blocks, cycles)) return false;
+    if (!measureRowIssuePaths("rows of the peer GPU", b, peer, bytes, copies, busy, timer, blocks, cycles)) return false;
     if (!measureStreamCopyRates(b, peer, bytes)) return false;
     char* mapped = vmmAlloc(1, bytes, gpus);
     if (mapped == nullptr) {
       printf("# rows of the peer GPU mapped by cuMemMap: the driver's virtual memory API failed; skipped\n");
-    } else if (!measureRowIssuePaths("rows of the peer GPU mapped by cuMemMap", b, mapped, bytes, blocks, cycles)) {
+    } else if (!measureRowIssuePaths("rows of the peer GPU mapped by cuMemMap", b, mapped, bytes, copies, busy, timer,
+                                         blocks, cycles)) {
       return false;
     }
   }
