@@ -78,6 +78,48 @@ struct MemOps {
     }                                                                          \
   } while (0)
 
+// One fetch of 64 KiB rows as cudaMemcpyBatchAsync takes it: row i of `dst` from row order[i] of
+// `src` (what an Engram copy-engine fetch of single rows issues).
+constexpr size_t kFetchRowBytes = size_t{64} << 10;
+struct RowFetch {
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  void point(char* dst, const char* src, const std::vector<size_t>& order) {
+    dsts.resize(order.size());
+    srcs.resize(order.size());
+    sizes.assign(order.size(), kFetchRowBytes);
+    for (size_t i = 0; i < order.size(); ++i) {
+      dsts[i] = dst + i * kFetchRowBytes;
+      srcs[i] = src + order[i] * kFetchRowBytes;
+    }
+  }
+  // Copies [first, first + count) in one call, with Engram's attributes unless told otherwise.
+  cudaError_t batch(size_t first, size_t count, cudaStream_t stream,
+                    cudaMemcpySrcAccessOrder order = cudaMemcpySrcAccessOrderStream,
+                    unsigned flags = cudaMemcpyFlagPreferOverlapWithCompute) const {
+    return copyBatch(dsts.data() + first, srcs.data() + first, sizes.data() + first, count, order, flags, stream);
+  }
+};
+
+// Row indices 0..rows-1 in an order drawn from `state` (a Fisher-Yates shuffle).
+std::vector<size_t> shuffledRows(size_t rows, uint64_t& state) {
+  std::vector<size_t> order(rows);
+  for (size_t i = 0; i < rows; ++i) order[i] = i;
+  for (size_t i = rows - 1; i > 0; --i) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    std::swap(order[i], order[(state >> 33) % (i + 1)]);
+  }
+  return order;
+}
+
+// Row indices 0..rows-1 spread by a fixed prime stride (a permutation for any rows below 7919).
+std::vector<size_t> stridedRows(size_t rows) {
+  std::vector<size_t> order(rows);
+  for (size_t i = 0; i < rows; ++i) order[i] = (i * 7919) % rows;
+  return order;
+}
+
 // What a zero-SM transfer between two GPUs cannot go below: the time a stream memory write on one
 // GPU takes to release a stream memory wait on the other (flag ping-pong, half the round trip),
 // and the rendezvous a pipeline transfer is made of, without any of unifab's host work: the
@@ -305,23 +347,11 @@ bool measureSplitPeerCopy(char* local, char* peer, size_t maxBytes) {
 // stream, then another, then the first again, then both at once (half the rows each): whether the
 // copy engine's rate belongs to the process, to a stream or to the first stream that copied.
 bool measureRowCopyStreams(char* local, char* peer, size_t bytes) {
-  constexpr size_t kRow = size_t{64} << 10;
-  const size_t rows = bytes / kRow;
+  const size_t rows = bytes / kFetchRowBytes;
   if (rows < 2) return true;
-  std::vector<void*> dsts(rows);
-  std::vector<const void*> srcs(rows);
-  std::vector<size_t> sizes(rows, kRow);
-  std::vector<size_t> order(rows);
-  for (size_t i = 0; i < rows; ++i) order[i] = i;
   uint64_t state = 4711;
-  for (size_t i = rows - 1; i > 0; --i) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    std::swap(order[i], order[(state >> 33) % (i + 1)]);
-  }
-  for (size_t i = 0; i < rows; ++i) {
-    dsts[i] = local + i * kRow;
-    srcs[i] = peer + order[i] * kRow;
-  }
+  RowFetch fetch;
+  fetch.point(local, peer, shuffledRows(rows, state));
   cudaStream_t streams[2] = {nullptr, nullptr};
   cudaEvent_t starts[2] = {nullptr, nullptr}, stops[2] = {nullptr, nullptr};
   for (int k = 0; k < 2; ++k) {
@@ -329,10 +359,7 @@ bool measureRowCopyStreams(char* local, char* peer, size_t bytes) {
     TEST_CUDA_CHECK(cudaEventCreate(&starts[k]));
     TEST_CUDA_CHECK(cudaEventCreate(&stops[k]));
   }
-  auto batch = [&](int k, size_t first, size_t count) {
-    return copyBatch(dsts.data() + first, srcs.data() + first, sizes.data() + first, count,
-                     cudaMemcpySrcAccessOrderStream, cudaMemcpyFlagPreferOverlapWithCompute, streams[k]);
-  };
+  auto batch = [&](int k, size_t first, size_t count) { return fetch.batch(first, count, streams[k]); };
   printf("# %zu random 64 KiB rows out of the peer, one batch per fetch (median of 9 fetches)\n", rows);
   const char* names[] = {"stream A", "stream B", "stream A again", "streams A and B at once (half each)"};
   for (int phase = 0; phase < 4; ++phase) {
@@ -360,7 +387,8 @@ bool measureRowCopyStreams(char* local, char* peer, size_t bytes) {
       if (i > 0) samples.push_back(ms * 1e3);
     }
     const double us = median(samples);
-    printf("  %-44s %10.1f us %8.1f GB/s %6.2f M copies/s\n", names[phase], us, rows * kRow / (us * 1e3), rows / us);
+    printf("  %-44s %10.1f us %8.1f GB/s %6.2f M copies/s\n", names[phase], us, rows * kFetchRowBytes / (us * 1e3),
+           rows / us);
   }
   TEST_CUDA_CHECK(cudaDeviceSynchronize());
   for (int k = 0; k < 2; ++k) {
@@ -376,17 +404,14 @@ bool measureRowCopyStreams(char* local, char* peer, size_t bytes) {
 // first alone, then both threads at once. The host time of the call is what bounds a copy-engine
 // fetch issued back to back.
 bool measureBatchIssueThreads(char* local0, char* peer1, char* local1, char* peer0, size_t bytes) {
-  constexpr size_t kRow = size_t{64} << 10;
-  const size_t rows = bytes / kRow;
+  const size_t rows = bytes / kFetchRowBytes;
   if (rows < 2) return true;
   struct Side {
     int device = 0;
     char* dst = nullptr;
     const char* src = nullptr;
     cudaStream_t stream = nullptr;
-    std::vector<void*> dsts;
-    std::vector<const void*> srcs;
-    std::vector<size_t> sizes;
+    RowFetch fetch;
     std::vector<double> hostUs;
     cudaError_t status = cudaSuccess;
   };
@@ -400,18 +425,13 @@ bool measureBatchIssueThreads(char* local0, char* peer1, char* local1, char* pee
   for (Side& side : sides) {
     TEST_CUDA_CHECK(cudaSetDevice(side.device));
     TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking));
-    for (size_t i = 0; i < rows; ++i) {
-      side.dsts.push_back(side.dst + i * kRow);
-      side.srcs.push_back(side.src + ((i * 7919) % rows) * kRow);
-      side.sizes.push_back(kRow);
-    }
+    side.fetch.point(side.dst, side.src, stridedRows(rows));
   }
   TEST_CUDA_CHECK(cudaSetDevice(0));
   auto issue = [](Side* side) {
     if (cudaSetDevice(side->device) != cudaSuccess) return;
     const auto start = std::chrono::steady_clock::now();
-    side->status = copyBatch(side->dsts.data(), side->srcs.data(), side->sizes.data(), side->dsts.size(),
-                             cudaMemcpySrcAccessOrderStream, cudaMemcpyFlagPreferOverlapWithCompute, side->stream);
+    side->status = side->fetch.batch(0, side->fetch.dsts.size(), side->stream);
     side->hostUs.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
     if (side->status == cudaSuccess) side->status = cudaStreamSynchronize(side->stream);
   };
@@ -449,23 +469,14 @@ bool measureBatchIssueThreads(char* local0, char* peer1, char* local1, char* pee
 // the rate belongs to the stream (the copy engine the driver gave it), which would explain the
 // processes whose every copy-engine fetch runs at about half the rate of others. Median of 5
 // fetches a stream, each timed alone.
-bool measureStreamCopyRates(char* dst, const char* src, size_t bytes) {
-  constexpr size_t kRow = size_t{64} << 10;
-  const size_t rows = std::min<size_t>(bytes / kRow, 1024);
+bool measureStreamCopyRates(char* dst, const char* src, size_t bytes, Timer& timer) {
+  const size_t rows = std::min<size_t>(bytes / kFetchRowBytes, 1024);
   if (rows < 4) return true;
-  std::vector<void*> dsts(rows);
-  std::vector<const void*> srcs(rows);
-  std::vector<size_t> sizes(rows, kRow);
-  for (size_t i = 0; i < rows; ++i) {
-    dsts[i] = dst + i * kRow;
-    srcs[i] = src + ((i * 7919) % rows) * kRow;
-  }
+  RowFetch fetch;
+  fetch.point(dst, src, stridedRows(rows));
   int leastPriority = 0, greatestPriority = 0;
   TEST_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&leastPriority, &greatestPriority));
   constexpr int kStreams = 10;
-  Timer timer;
-  TEST_CUDA_CHECK(cudaEventCreate(&timer.start));
-  TEST_CUDA_CHECK(cudaEventCreate(&timer.stop));
   printf("# %zu random 64 KiB rows of the peer, one batch, on each of %d streams made in turn (median of 5, us):\n#",
          rows, kStreams);
   std::vector<cudaStream_t> streams(kStreams, nullptr);
@@ -475,8 +486,7 @@ bool measureStreamCopyRates(char* dst, const char* src, size_t bytes) {
     std::vector<double> samples;
     for (int i = 0; i < 6; ++i) {
       TEST_CUDA_CHECK(cudaEventRecord(timer.start, streams[k]));
-      TEST_CUDA_CHECK(copyBatch(dsts.data(), srcs.data(), sizes.data(), rows, cudaMemcpySrcAccessOrderStream,
-                                cudaMemcpyFlagPreferOverlapWithCompute, streams[k]));
+      TEST_CUDA_CHECK(fetch.batch(0, rows, streams[k]));
       TEST_CUDA_CHECK(cudaEventRecord(timer.stop, streams[k]));
       TEST_CUDA_CHECK(cudaEventSynchronize(timer.stop));
       float ms = 0;
@@ -551,28 +561,18 @@ char* vmmAlloc(int owner, size_t bytes, int gpus) {
 // `stream` issues the copies, `busy` runs the SM-holding kernel (blocks x 1024 threads, `cycles`).
 bool measureRowIssuePaths(const char* label, char* dst, const char* src, size_t bytes, cudaStream_t stream,
                           cudaStream_t busy, Timer& timer, int blocks, long long cycles) {
-  constexpr size_t kRow = size_t{64} << 10;
+  constexpr size_t kRow = kFetchRowBytes;
   const size_t rows = std::min<size_t>(bytes / kRow, 1024);
   if (rows < 4) return true;
-  std::vector<size_t> order(rows);
-  for (size_t i = 0; i < rows; ++i) order[i] = i;
   uint64_t state = 1234567;
-  auto shuffle = [&]() {
-    for (size_t i = rows - 1; i > 0; --i) {
-      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-      std::swap(order[i], order[(state >> 33) % (i + 1)]);
-    }
-  };
-  std::vector<void*> dsts(rows);
-  std::vector<const void*> srcs(rows);
-  std::vector<size_t> sizes(rows, kRow);
+  std::vector<size_t> order;
+  RowFetch fetch;
   auto nextFetch = [&]() {
-    shuffle();
-    for (size_t i = 0; i < rows; ++i) {
-      dsts[i] = dst + i * kRow;
-      srcs[i] = src + order[i] * kRow;
-    }
+    order = shuffledRows(rows, state);
+    fetch.point(dst, src, order);
   };
+  std::vector<void*>& dsts = fetch.dsts;
+  std::vector<const void*>& srcs = fetch.srcs;
   // Each source row starts with its own index, so that the check at the end can fail.
   for (size_t r = 0; r < rows; ++r) {
     const uint64_t head[2] = {r, ~r};
@@ -600,10 +600,9 @@ bool measureRowIssuePaths(const char* label, char* dst, const char* src, size_t 
     }
     return cudaSuccess;
   };
-  auto batches = [&](size_t per, cudaMemcpySrcAccessOrder order, unsigned flags) -> cudaError_t {
+  auto batches = [&](size_t per, cudaMemcpySrcAccessOrder access, unsigned flags) -> cudaError_t {
     for (size_t first = 0; first < rows; first += per) {
-      const cudaError_t e = copyBatch(dsts.data() + first, srcs.data() + first, sizes.data() + first,
-                                      std::min(per, rows - first), order, flags, stream);
+      const cudaError_t e = fetch.batch(first, std::min(per, rows - first), stream, access, flags);
       if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -781,7 +780,7 @@ bool run(size_t bytes, double busyMs, bool issuePathsOnly) {
   if (!measureRowIssuePaths("local rows", b, a, bytes, copies, busy, timer, blocks, cycles)) return false;
   if (peer != nullptr) {
     if (!measureRowIssuePaths("rows of the peer GPU", b, peer, bytes, copies, busy, timer, blocks, cycles)) return false;
-    if (!measureStreamCopyRates(b, peer, bytes)) return false;
+    if (!measureStreamCopyRates(b, peer, bytes, timer)) return false;
     char* mapped = vmmAlloc(1, bytes, gpus);
     if (mapped == nullptr) {
       printf("# rows of the peer GPU mapped by cuMemMap: the driver's virtual memory API failed; skipped\n");
