@@ -82,6 +82,29 @@ __device__ __forceinline__ bool blockStarted(uint64_t* shared, uint64_t startWor
   return !e.timedOut;
 }
 
+// A kernel's parameters sit in a constant bank that each launch fills anew, so its first reads of
+// them miss the constant cache, and a warp waits for each missing line in turn (Nsight Compute on
+// the LL kernels, 2026-12-01: 'imc' stalls on six parameter reads in a row at the start). Warp w of
+// each block reads a word of the w-th 64-byte line of the view (the last two warps the input's
+// first and last fields, given by the caller: the input is at most two lines), so
+// that a block fetches all its parameter lines at once; `sink` (shared) keeps the reads, and its
+// volatile stores keep them ahead of the kernel's first memory accesses. The view is a
+// __grid_constant__ parameter (its address is taken); so is the dispatch's input and not the
+// combine's: the one combination found in which ptxas fits both kernels in 128 registers unspilled.
+constexpr int kConstantLineBytes = 64;
+static_assert(sizeof(LlView) <= (kWarps - 2) * kConstantLineBytes, "a warp for each line of the view");
+__device__ __forceinline__ void touchParameterLines(const LlView& g, int inputFirst, int inputLast, int* sink) {
+  const int warp = static_cast<int>(threadIdx.x / kWarp);
+  volatile int* kept = sink;
+  if (warp * kConstantLineBytes < static_cast<int>(sizeof(LlView))) {
+    kept[warp] = reinterpret_cast<const int*>(&g)[warp * kConstantLineBytes / 4];
+  } else if (warp == kWarps - 2) {
+    kept[warp] = inputFirst;
+  } else if (warp == kWarps - 1) {
+    kept[warp] = inputLast;
+  }
+}
+
 // Tracing (UNIFAB_EP_TRACE): lane 0 of each warp keeps the global timer at each of its points
 // (0: not reached) and records them all after its work; block 0 stamps the kernel's start.
 // `published`: the dispatch's last part's lines stored, the combine's first part's lines stored;
@@ -636,8 +659,11 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
 // each phase's epoch is recorded by the block that gets there last, without a barrier between the
 // phases; every receiving warp releases each slot it has read (the per-expert counts are complete
 // when every block is done).
-__global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LlView g, LlDispatchInput in, int set, bool send,
-                                                                bool receive) {
+__global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool send, bool receive,
+                                                                const __grid_constant__ LlDispatchInput in,
+                                                                const __grid_constant__ LlView g) {
+  __shared__ int parameterSink[kWarps];
+  touchParameterLines(g, in.numTokens, in.ue8m0, parameterSink);
   const int lane = threadIdx.x % kWarp;
   const int warp = sendWarpIndex();
   const int warps = gridDim.x * kWarps;
@@ -869,8 +895,11 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
 
 // One combine kernel runs the send phase, the receive phase or both, started as the dispatch
 // kernel is; every receiving warp releases each part of a partial it has summed.
-__global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombineInput in, int set, bool send,
-                                                               bool receive) {
+__global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool send, bool receive,
+                                                               LlCombineInput in,
+                                                               const __grid_constant__ LlView g) {
+  __shared__ int parameterSink[kWarps];
+  touchParameterLines(g, in.numTokens, in.combinedX != nullptr, parameterSink);
   const int lane = threadIdx.x % kWarp;
   const int warp = sendWarpIndex(), receiveWarp = receiveWarpIndex();
   const int warps = gridDim.x * kWarps;
@@ -907,13 +936,13 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LlView g, LlCombi
 
 cudaError_t launchLlDispatch(const LlView& view, const LlDispatchInput& input, int set, bool send, bool receive,
                              int numBlocks, cudaStream_t stream) {
-  llDispatchKernel<<<numBlocks, kThreads, 0, stream>>>(view, input, set, send, receive);
+  llDispatchKernel<<<numBlocks, kThreads, 0, stream>>>(set, send, receive, input, view);
   return cudaGetLastError();
 }
 
 cudaError_t launchLlCombine(const LlView& view, const LlCombineInput& input, int set, bool send, bool receive,
                             int numBlocks, cudaStream_t stream) {
-  llCombineKernel<<<numBlocks, kThreads, 0, stream>>>(view, input, set, send, receive);
+  llCombineKernel<<<numBlocks, kThreads, 0, stream>>>(set, send, receive, input, view);
   return cudaGetLastError();
 }
 

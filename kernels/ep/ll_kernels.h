@@ -114,17 +114,20 @@ struct LlCounters {
   uint64_t traceStart;   // global timer when block 0 started the running kernel (tracing only)
 };
 
+// A kernel parameter. What every warp reads first comes first and the peers' bases last, so that a
+// call's first reads of its parameters touch as few constant-cache lines as they can
+// (kernels/ep/ll.cu: touchParameterLines).
 struct LlView {
+  LlCounters* counters;
+  int* error;
+  unsigned long long* trace;  // [kTraceWords] or null: UNIFAB_EP_TRACE (the kTraceLl* points)
   int rank, nRanks, numExperts, numLocalExperts, hidden, topk, maxTokens;
   int expertStride;     // nRanks * maxTokens rows per local expert
   LlLayout layout;
-  char* peerBase[kMaxRanks];
-  LlSetLocal sets[kLlSets];
-  LlCounters* counters;
-  int* error;
   int* hostError;
   uint64_t timeoutNs;
-  unsigned long long* trace;  // [kTraceWords] or null: UNIFAB_EP_TRACE (the kTraceLl* points)
+  LlSetLocal sets[kLlSets];
+  char* peerBase[kMaxRanks];
 };
 
 struct LlDispatchInput {
