@@ -2,7 +2,7 @@
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
 # and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
-#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [copyroutes] [engram] [nccltests] [ntcompare] [tunesweep] [epsweep] [trace] [lltrace] [sanitize] [sweep] [ab]
+#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [copyroutes] [engram] [nccltests] [ntcompare] [tunesweep] [epsweep] [trace] [lltrace] [llncu] [sanitize] [sweep] [ab]
 #   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
 # UNIFAB_TUNESWEEP_CHANNELS replaces the forced channel counts (NVLink 8,24,32; unifab 1,2,8).
@@ -12,7 +12,11 @@
 # UNIFAB_TUNESWEEP_SIZES the sizes, e.g. "--min 8 --max 256M --factor 8");
 # UNIFAB_TRACE_DTYPES / UNIFAB_TRACE_OPS limit the trace step (default: bf16 fp8 x empty cached dispatch combine);
 # UNIFAB_COPYROUTES_ARGS / UNIFAB_ENGRAM_ARGS replace the copyroutes / engram steps' arguments;
-# UNIFAB_LLTRACE_TOKENS (default "1 128") and UNIFAB_LLTRACE_DTYPE (default fp8) set the lltrace step's runs;
+# UNIFAB_LLTRACE_TOKENS (default "1 128") and UNIFAB_LLTRACE_DTYPE (default fp8) set the lltrace step's runs,
+# UNIFAB_LLTRACE_ARGS adds bench arguments to them (e.g. "--flush-mib 0": warm caches);
+# (the build carries line info for the profilers: -lineinfo changes no code)
+# llncu samples, with Nsight Compute, where the warps of one LL kernel (UNIFAB_LLNCU_KERNEL, default
+# llDispatchKernel) stall, per SASS instruction, on one GPU (UNIFAB_LLNCU_TOKENS tokens, default 1);
 # ab measures the working tree against itself with UNIFAB_AB_PATCH (default ab.patch; or several
 # NAME=FILE baselines) reversed, interleaved (UNIFAB_AB_ARGS, UNIFAB_AB_DTYPES, UNIFAB_AB_REPS,
 # UNIFAB_AB_COLUMNS, UNIFAB_AB_TEST: a gpu test that each baseline must pass to be timed;
@@ -63,7 +67,7 @@ export NCCL_SOCKET_IFNAME=lo UNIFAB_SOCKET_IFNAME=lo
 } 2>&1 | tee -a "$summary"
 
 start=$(date +%s)
-cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_FLAGS=-lineinfo \
   ${NCCL_HOME:+-DNCCL_HOME="$NCCL_HOME"} >"$logs/build.log" 2>&1 &&
   cmake --build "$build" -j "$(nproc)" >>"$logs/build.log" 2>&1
 status=$?
@@ -422,10 +426,29 @@ for step in $steps; do
     say "== UNIFAB_EP_TRACE=1: low-latency phase ends (${trace_dtype^^} dispatch, BF16 combine; every call, warm-up included)"
     for tokens in ${UNIFAB_LLTRACE_TOKENS:-1 128}; do
       UNIFAB_EP_TRACE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "$bench" ep --mode ll --dtype "$trace_dtype" --tokens "$tokens" \
-        --ops combine --iters 50 --warmup 10 >"$logs/ep-lltrace-$tokens.txt" 2>&1 || failed=1
+        --ops combine --iters 50 --warmup 10 ${UNIFAB_LLTRACE_ARGS:-} >"$logs/ep-lltrace-$tokens.txt" 2>&1 || failed=1
       grep -E "^ +[0-9]+ +[a-z]" "$logs/ep-lltrace-$tokens.txt" | tee -a "$summary"
       grep -o -E "EP trace rank [0-9]+: LL.*" "$logs/ep-lltrace-$tokens.txt" | sort | sed "s/^/  /" | tee -a "$summary"
     done
+    ;;
+  llncu)
+    # One rank, whose group sends to itself, so that Nsight Compute's kernel replay finds the data
+    # it waits for (two ranks would wait for a peer that does not replay). The CSV lists each SASS
+    # instruction of the kernel with its sampled stall reasons.
+    kernel="${UNIFAB_LLNCU_KERNEL:-llDispatchKernel}"
+    say "== ncu: $kernel, 1 rank, ${UNIFAB_LLNCU_TOKENS:-1} tokens, FP8 dispatch"
+    timeout -k 10 300 ncu --clock-control none --cache-control none --section SourceCounters --section WarpStateStats \
+      --section LaunchStats --warp-sampling-interval 0 -k "regex:$kernel" --launch-skip 20 --launch-count ${UNIFAB_LLNCU_LAUNCHES:-10} -f -o "$logs/llncu" \
+      "$bench" ep --mode ll --nranks 1 --dtype fp8 --tokens "${UNIFAB_LLNCU_TOKENS:-1}" --ops dispatch,combine \
+      --iters 30 --warmup 10 --kernel-times 0 >"$logs/llncu.txt" 2>&1 || failed=1
+    ncu --import "$logs/llncu.ncu-rep" --page details >"$out/llncu-details.txt" 2>&1 || failed=1
+    # Per SASS instruction and per CUDA line (the build carries line info), summed over the launches.
+    for view in sass cuda; do
+      ncu --import "$logs/llncu.ncu-rep" --page source --csv --print-source $view >"$logs/llncu-$view.csv" 2>&1 &&
+        python3 "$here/tests/bench/ncu_stalls.py" "$logs/llncu-$view.csv" >"$out/llncu-$view.txt" 2>&1 || failed=1
+    done
+    tail -5 "$logs/llncu.txt" | tee -a "$summary"
+    grep -E "Warp Cycles|Stall|Duration|Registers|Threads" "$out/llncu-details.txt" | head -30 | tee -a "$summary"
     ;;
   sanitize)
     # Small shape, long device timeouts (the sanitizer slows kernels, and the two ranks wait on
@@ -494,7 +517,7 @@ for step in $steps; do
     jobs_each=$(( $(nproc) / (${#prepared[@]} > 0 ? ${#prepared[@]} : 1) )); [ "$jobs_each" -lt 2 ] && jobs_each=2
     for name in "${prepared[@]}"; do
       base_src="/tmp/unifab-ab-$name"
-      { cmake -S "$base_src" -B "$base_src/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+      { cmake -S "$base_src" -B "$base_src/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_FLAGS=-lineinfo \
           ${NCCL_HOME:+-DNCCL_HOME="$NCCL_HOME"} &&
           cmake --build "$base_src/build" -j "$jobs_each" ${ab_targets[@]+"${ab_targets[@]}"}; } >"$logs/ab-build-$name.log" 2>&1 &
     done

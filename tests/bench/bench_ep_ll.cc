@@ -27,6 +27,7 @@ namespace {
 struct LlRun {
   std::vector<int> tokens;
   int hidden, topk, experts, sms, iters, warmup;
+  size_t flushBytes;  // written before each timed call (0: caches left warm, the calls still aligned)
   bool fp8;
   bool kernelTimes;  // a second pass per op timing its kernels alone (CUPTI)
   std::string csv;
@@ -62,7 +63,8 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
   Timer timer;
   TEST_CUDA_CHECK(cudaEventCreate(&timer.start));
   TEST_CUDA_CHECK(cudaEventCreate(&timer.stop));
-  TEST_CUDA_CHECK(cudaMalloc(&timer.flush, timer.flushBytes));
+  timer.flushBytes = run.flushBytes;
+  TEST_CUDA_CHECK(cudaMalloc(&timer.flush, std::max<size_t>(timer.flushBytes, 1)));
 
   const double dispatchRowBytes = run.fp8 ? run.hidden + run.hidden / 128.0 * 4 + 16 : run.hidden * 2.0;
   const double combineRowBytes = run.hidden * 2.0;
@@ -258,13 +260,16 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
     printf("# unifab-bench ep ll: %d ranks, hidden %d, top-%d, %d experts, %s dispatch, BF16 combine, SMs %s\n",
            env.nRanks, run.hidden, run.topk, run.experts, run.fp8 ? "FP8" : "BF16",
            run.sms > 0 ? std::to_string(run.sms).c_str() : "auto");
-    printf("# median and p99 of %d after %d warm-up, L2 flushed, slowest rank; GB/s per (token, expert) selection;"
-           " b2b = per call of %d in a row (median of %d runs)\n", run.iters, run.warmup, backToBackCalls(), kBackToBackRuns);
+    const std::string flushed = run.flushBytes > 0 ? "L2 flushed (" + std::to_string(run.flushBytes >> 20) + " MiB written)"
+                                                   : "nothing flushed (--flush-mib 0)";
+    printf("# median and p99 of %d after %d warm-up, %s, slowest rank; GB/s per (token, expert) selection;"
+           " b2b = per call of %d in a row (median of %d runs)\n", run.iters, run.warmup, flushed.c_str(), backToBackCalls(),
+           kBackToBackRuns);
     if (!run.kernelTimes) {
       printf("# kernel times not measured (--kernel-times 0)\n");
     } else if (KernelTimer::available()) {
       printf("# kernel = GPU time of the call's kernels alone (CUPTI: first start to last end), median and p99 of a\n"
-             "# second pass of %d flushed calls after every event-timed one: what DeepEP's kineto times report\n"
+             "# second pass of %d such calls after every event-timed one: what DeepEP's kineto times report\n"
              "# ('-' where a rank recorded no kernels for some call; its stderr says why)\n", run.iters);
     } else {
       printf("# kernel times not measured: %s\n", KernelTimer::unavailableReason().c_str());
@@ -328,6 +333,8 @@ int runEpLowLatency(Args& args, const char* self) {
   run.sms = atoi(args.value("--sms", "0").c_str());
   run.iters = atoi(args.value("--iters", "50").c_str());
   run.warmup = atoi(args.value("--warmup", "10").c_str());
+  const long flushMib = atol(args.value("--flush-mib", "256").c_str());
+  run.flushBytes = static_cast<size_t>(std::clamp(flushMib, 0L, 4096L)) << 20;
   const std::string dtype = args.value("--dtype", "fp8");
   run.fp8 = dtype == "fp8";
   run.csv = args.value("--csv", "");
@@ -342,11 +349,12 @@ int runEpLowLatency(Args& args, const char* self) {
   }
   bool tokensOk = !run.tokens.empty();
   for (int t : run.tokens) tokensOk = tokensOk && t >= 1 && t <= 1024;
-  if ((dtype != "bf16" && dtype != "fp8") || !tokensOk || (kernelTimes != "0" && kernelTimes != "1")) {
+  if ((dtype != "bf16" && dtype != "fp8") || !tokensOk || (kernelTimes != "0" && kernelTimes != "1") || flushMib < 0 ||
+      flushMib > 4096) {
     fprintf(stderr,
             "unifab-bench ep --mode ll: --dtype is bf16 or fp8 (got %s); --tokens is a list in 1..1024; --kernel-times"
-            " is 0 or 1 (got %s)\n",
-            dtype.c_str(), kernelTimes.c_str());
+            " is 0 or 1 (got %s); --flush-mib is in 0..4096 (got %ld)\n",
+            dtype.c_str(), kernelTimes.c_str(), flushMib);
     return 2;
   }
   test::RankEnvironment env = test::rankEnvironment();
