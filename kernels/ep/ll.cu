@@ -16,14 +16,13 @@ constexpr int kWarps = kLlWarpsPerBlock;
 constexpr int kThreads = kWarps * kWarp;
 constexpr int kVectorsPerLane = (kLlPartValues + kWarp * 8 - 1) / (kWarp * 8);  // 16-byte BF16 vectors of a part per lane
 // A sending warp's part stream in shared memory (kernels/ep/ll_kernels.h: llRunLines), at most a
-// BF16 part with the largest header, and the line groups that carry it; an FP8 part's scales are
-// staged past the largest FP8 stream.
-constexpr int kPartStreamBytes = kLlPartValues * 2 + llHeaderBytes(kMaxTopk);
-constexpr int kPartSendGroups = (linesFor(kPartStreamBytes) + kLinesPerGroup - 1) / kLinesPerGroup;
-static_assert(kPartSendGroups * kLinesPerGroup >= llDataLines(false) + llHeaderLines(kMaxTopk), "a part's lines fit one send run");
+// BF16 part's values, and the line groups that carry it (the header lines are built apart:
+// storeHeaderLines); an FP8 part's scales are staged past the largest stream.
 constexpr int kPartScales = kLlPartValues / kScaleBlock;
-constexpr int kStagedScalesAt = kPartStreamBytes - 8 * 4;
-static_assert(llHeaderAt(true) + llHeaderBytes(kMaxTopk) <= kStagedScalesAt && kPartScales <= 8, "FP8 scales staged apart");
+constexpr int kStagedScalesAt = kLlPartValues * 2;
+constexpr int kPartStreamBytes = kStagedScalesAt + 8 * 4;
+static_assert(kPartScales <= 8, "an FP8 part's scales stage in eight words");
+constexpr int kPartSendGroups = (llDataLines(false) + kLinesPerGroup - 1) / kLinesPerGroup;
 constexpr float kFp8Max = 448.0f;                             // largest finite e4m3 value
 constexpr float kMinAmax = 1e-4f;                             // an all-zero block still gets a finite scale
 constexpr int kPartGroups = kLlCombinePartLines / kLinesPerGroup;  // of a combine partial's part
@@ -351,6 +350,31 @@ __device__ __forceinline__ int firstBitWord(int messageItems, int warp, int warp
   return item - messageItems;
 }
 
+// The header lines of token t's message (its top-k ids, then weights, as int32 and float, zero
+// to a whole 16 bytes: ll_kernels.h) stored at `headerAt` of its slot in every rank of `ranks`,
+// built in registers: lane l holds piece l % 8 of header line l / 8, and header word k comes from
+// lane k % 32's `id` or `weight`. The whole warp calls this (shuffles, one store per line).
+__device__ void storeHeaderLines(const LlView& g, int set, int t, uint64_t ranks, size_t headerAt, int id, float weight,
+                                 uint64_t flag, int lane) {
+  const int line = lane / 8, piece = lane % 8;
+  const int firstWord = line * (kLinePayloadBytes / 4) + piece * 4;
+  int word[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int k = firstWord + j;
+    const int ofId = __shfl_sync(0xffffffff, id, k % kWarp);
+    const int ofWeight = __shfl_sync(0xffffffff, __float_as_int(weight), (k - g.topk + kWarp) % kWarp);
+    word[j] = k < g.topk ? ofId : k < 2 * g.topk ? ofWeight : 0;
+  }
+  LineRun<1> header;
+  header.lo[0] = piece == kFlagPiece ? 0 : (static_cast<uint64_t>(static_cast<unsigned>(word[1])) << 32 | static_cast<unsigned>(word[0]));
+  header.hi[0] = piece == kFlagPiece ? flag : (static_cast<uint64_t>(static_cast<unsigned>(word[3])) << 32 | static_cast<unsigned>(word[2]));
+  for (uint64_t m = ranks; m != 0; m &= m - 1) {
+    const int d = __ffsll(static_cast<long long>(m)) - 1;
+    header.storeLines(messageAt(g, d, set, g.rank, t) + headerAt, 0, llHeaderLines(g.topk), lane);
+  }
+}
+
 // The send phase of the warp `warp` of `warps`. `partSeen` and `part` (loadPartReleased, loadPart:
 // its first item's if that is a part), `bitsSeen` and `bitmapMask` (loadBitsReleased,
 // tokenRankMask: its first item's if that is a bitmap word) were loaded with the epochs.
@@ -405,6 +429,12 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     const int id = validExpert(g, part.id, lane);
     const uint64_t ranks = ranksOf(g, id);
     if (ranks == 0) continue;
+    if (!slotFree(t, ranks, seen)) return;
+    const int dataLines = llDataLines(in.fp8);
+    const size_t headerAt = static_cast<size_t>(parts) * dataLines * kLineBytes;
+    // Part 0 sends the header lines first, before its values are cast, so that the receiver hands
+    // out the token's rows while the values are on their way.
+    if (p == 0) storeHeaderLines(g, set, t, ranks, headerAt, id, part.weight, e.send, lane);
     uint2 quantized[kVectorsPerLane];
     float scale[kVectorsPerLane];
     if (in.fp8) {
@@ -429,8 +459,8 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
       }
     }
     if (stamps.loaded == 0) stamps.loaded = traceNowAfter(g, in.fp8 ? quantized[0].x : part.raw[0].x + part.raw[0].w);
-    // The part's stream in the warp's staging buffer (ll_kernels.h): values, zeros up to a whole
-    // part's, part 0's header; FP8's scales apart (lanes 0 and 16 of vector i hold blocks 2i and
+    // The part's stream in the warp's staging buffer (ll_kernels.h): values and zeros up to a
+    // whole part's; FP8's scales apart (lanes 0 and 16 of vector i hold blocks 2i and
     // 2i + 1; blocks past the part get 0), each put into its line's flag piece.
     __syncwarp();  // the previous item's stream has been staged into lines
     const int dataBytes = partValues * (in.fp8 ? 1 : 2);
@@ -449,30 +479,15 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     }
     // The last part of a row whose hidden is not a whole number of parts.
     for (int w = dataBytes / 4 + lane; w < llHeaderAt(in.fp8) / 4; w += kWarp) reinterpret_cast<int*>(staging)[w] = 0;
-    int streamBytes = llHeaderAt(in.fp8);
-    if (p == 0) {
-      int* header = reinterpret_cast<int*>(staging + streamBytes);
-      if (lane < g.topk) {
-        header[lane] = id;
-        header[g.topk + lane] = __float_as_int(part.weight);
-      }
-      for (int w = 2 * g.topk + lane; w < llHeaderBytes(g.topk) / 4; w += kWarp) header[w] = 0;
-      streamBytes += llHeaderBytes(g.topk);
-    }
     __syncwarp();
     LineRun<kPartSendGroups> run;
-    run.stage(staging, streamBytes, e.send, lane);
+    run.stage(staging, llHeaderAt(in.fp8), e.send, lane);
     if (in.fp8) run.setSpare([&](int line) { return line < kPartScales ? static_cast<uint64_t>(__float_as_uint(stagedScales[line])) : 0; }, lane);
-    if (!slotFree(t, ranks, seen)) return;
-    // Each line carries its flag: no fence, no tag. The part's value lines, then part 0's header.
-    const int dataLines = llDataLines(in.fp8);
+    // Each line carries its flag: no fence, no tag.
     const size_t dataAt = static_cast<size_t>(p) * dataLines * kLineBytes;
-    const size_t headerAt = static_cast<size_t>(parts) * dataLines * kLineBytes;
     for (uint64_t m = ranks; m != 0; m &= m - 1) {
       const int d = __ffsll(static_cast<long long>(m)) - 1;
-      char* msg = messageAt(g, d, set, g.rank, t);
-      run.storeLines(msg + dataAt, 0, dataLines, lane);
-      if (p == 0) run.storeLines(msg + headerAt, dataLines, dataLines + llHeaderLines(g.topk), lane);
+      run.storeLines(messageAt(g, d, set, g.rank, t) + dataAt, 0, dataLines, lane);
     }
     if (lane == 0) stamps.published = traceNowIssued(g);
   }
@@ -512,12 +527,13 @@ static_assert(kChunkScales % kWarp == 0 && kChunkScales * 4 <= kPartStreamBytes,
 
 // The receive phase: a warp per message slot (source rank, token), the slots dealt over the blocks
 // first (receiveWarpIndex), so that a few messages still spread over many SMs. Each poll loads the
-// message's first kReceiveGroupsPerLane groups of value lines and its header lines whole, so that
-// once they all carry the call's epoch their values, scales and top-k entries are already in the
-// warp's registers: the warp hands out the message's rows (the set's recvCount of each local
-// expert it names, once this rank's send phase has cleared them), notes them for combine and
-// stores the lines into each row. A row of more groups (BF16 above hidden 3584, FP8 above 7168)
-// polls and stores its further chunks the same way, without the header.
+// message's first kReceiveGroupsPerLane groups of value lines and its header lines whole. At the
+// first poll that finds the header lines flagged (they are sent first) the warp hands out the
+// message's rows (the set's recvCount of each local expert it names, once this rank's send phase
+// has cleared them) and notes them for combine; once every line carries the call's epoch, the
+// values and scales are already in the warp's registers, and it stores the lines into each row. A
+// row of more groups (BF16 above hidden 3584, FP8 above 7168) polls and stores its further chunks
+// the same way, without the header.
 __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, float* scaleStage,
                                 LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
@@ -547,23 +563,32 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
   int4 header;
   // Loads groups q0 .. q0 + kReceiveGroupsPerLane - 1 (and the header lines) until every line
   // carries the epoch: false in every lane on timeout or after another wait of the group timed out.
-  auto poll = [&](const int4* lanePiece, int q0, bool withHeader) {
+  // With `withHeader`, the header lines too, and `handOut()` runs once, at the first poll that finds
+  // them flagged: part 0 sends them before any values, so that the rows are handed out while the
+  // values are on their way (a message that has landed whole still takes one round trip).
+  auto poll = [&](const int4* lanePiece, int q0, bool withHeader, auto handOut) {
     const bool headerLane = withHeader && laneLine < headerLines;
+    bool headerSeen = !withHeader;
     WarpDeadline deadline;
     for (unsigned polls = 0;; ++polls) {
 #pragma unroll
       for (int i = 0; i < kReceiveGroupsPerLane; ++i) loadPieceIf(q0 + i < groups, lanePiece + (q0 + i) * kGroupPieces, v[i]);
       loadPieceIf(headerLane, lanePiece + groups * kGroupPieces, header);
-      bool mine = true;
+      bool values = true, headerFlagged = true;
       if (flagLane) {
 #pragma unroll
-        for (int i = 0; i < kReceiveGroupsPerLane; ++i) mine = mine && (q0 + i >= groups || flagOf(v[i]) == epoch);
-        mine = mine && (!headerLane || flagOf(header) == epoch);
+        for (int i = 0; i < kReceiveGroupsPerLane; ++i) values = values && (q0 + i >= groups || flagOf(v[i]) == epoch);
+        headerFlagged = !headerLane || flagOf(header) == epoch;
       }
-      if (__all_sync(0xffffffff, mine)) return true;
+      if (!headerSeen && __all_sync(0xffffffff, headerFlagged)) {
+        handOut();
+        headerSeen = true;
+      }
+      if (headerSeen && __all_sync(0xffffffff, values)) return true;
       if (deadline.expired(bounds(g), kErrorTimeout, polls, lane)) return false;
     }
   };
+  const auto nothing = [] {};
   // Header word k (byte 4 k: ids, then weights) from the lane that holds it; the whole warp calls.
   auto headerWord = [&](int k) {
     const int at = 4 * k;
@@ -592,26 +617,29 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       return;
     }
     countsCleared = true;
-    if (!poll(lanePiece, 0, true)) return;
-    if (stamps.arrived == 0) stamps.arrived = traceNow(g);
-    // Taken before any later chunk's poll, which leaves `header` undefined (loadPieceIf).
-    const int k = lane < g.topk ? lane : 0;
-    const int id = headerWord(k);
-    const float weight = __int_as_float(headerWord(g.topk + k));
+    // Lane k < topk: the row of the message's k-th expert if it is ours (-1 otherwise), handed out
+    // from the header, which the first chunk's poll holds (a later chunk's leaves it undefined).
     int row = -1;
-    if (lane < g.topk) {
-      if (id >= firstExpert && id < firstExpert + g.numLocalExperts) {
-        const int e = id - firstExpert;
-        row = e * g.expertStride + atomicAdd(local.recvCount + e, 1);
-        local.recvSource[static_cast<size_t>(row) * 2] = s;
-        local.recvSource[static_cast<size_t>(row) * 2 + 1] = t;
+    const auto handOut = [&] {
+      const int k = lane < g.topk ? lane : 0;
+      const int id = headerWord(k);
+      const float weight = __int_as_float(headerWord(g.topk + k));
+      if (lane < g.topk) {
+        if (id >= firstExpert && id < firstExpert + g.numLocalExperts) {
+          const int e = id - firstExpert;
+          row = e * g.expertStride + atomicAdd(local.recvCount + e, 1);
+          local.recvSource[static_cast<size_t>(row) * 2] = s;
+          local.recvSource[static_cast<size_t>(row) * 2 + 1] = t;
+        }
+        rowOf[lane] = row;
+        local.weightOf[static_cast<size_t>(slot) * g.topk + lane] = weight;
       }
-      rowOf[lane] = row;
-      local.weightOf[static_cast<size_t>(slot) * g.topk + lane] = weight;
-    }
+    };
+    if (!poll(lanePiece, 0, true, handOut)) return;
+    if (stamps.arrived == 0) stamps.arrived = traceNow(g);
     const unsigned targets = __ballot_sync(0xffffffff, row >= 0);
     for (int q0 = 0; q0 < groups; q0 += kReceiveGroupsPerLane) {
-      if (q0 != 0 && !poll(lanePiece, q0, false)) return;
+      if (q0 != 0 && !poll(lanePiece, q0, false, nothing)) return;
       // The chunk's FP8 scales, from the flag pieces of its lines (line l of the chunk: scale
       // l % 8 of its part l / 8) through shared memory to lanes in scale order, so that each row
       // takes them in whole stores.

@@ -46,8 +46,9 @@ UNIFAB_HOST_DEVICE inline int llParts(int hidden) { return (hidden + kLlPartValu
 // (16 bytes) lies in line j / 7 of the run like a row in a message without flags, then the token's
 // top-k ids and weights (int32 and float, padded to 16 bytes: llHeaderLines lines). An FP8 part's
 // scale of block b (a float per 128 values) rides in the spare lower half of its line b's flag
-// piece, so that a receiver holding a line holds its scale. Part p's warp writes its value lines,
-// and part 0's warp the header lines after its own.
+// piece, so that a receiver holding a line holds its scale. Part p's warp writes its value lines;
+// part 0's warp writes the header lines first, before it casts its values, so that the receiver
+// hands out the token's rows while the values are on their way.
 UNIFAB_HOST_DEVICE constexpr int llHeaderBytes(int topk) { return (8 * topk + 15) / 16 * 16; }
 UNIFAB_HOST_DEVICE constexpr int llDataLines(bool fp8) { return kLlPartValues * (fp8 ? 1 : 2) / kLinePayloadBytes; }
 UNIFAB_HOST_DEVICE constexpr int llHeaderLines(int topk) { return linesFor(llHeaderBytes(topk)); }
