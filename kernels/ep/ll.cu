@@ -658,13 +658,24 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
           scale[r] = j < kChunkScales - kChunkScales / 8 ? scaleStage[j / kPartScales * 8 + j % kPartScales] : 0.0f;
         }
       }
+      // A chunk that lies whole inside the row (each one of hidden 7168, FP8 or BF16) stores its
+      // groups under the flag-lane test alone: the per-group bounds, kept as predicates across the
+      // loop over the rows, cost more instructions than the stores (2026-12-01).
+      const bool wholeChunk = (q0 + kReceiveGroupsPerLane) * kGroupVectors <= vectors;
       for (unsigned m = targets; m != 0; m &= m - 1) {
         const size_t to = static_cast<size_t>(__shfl_sync(0xffffffff, row, __ffs(m) - 1));
         int4* out = reinterpret_cast<int4*>(local.recvX + to * rowBytes) + laneVector;
+        if (wholeChunk) {
+          if (!flagLane) {
 #pragma unroll
-        for (int i = 0; i < kReceiveGroupsPerLane; ++i) {
-          const int q = q0 + i;
-          if (!flagLane && q * kGroupVectors + laneVector < vectors) out[q * kGroupVectors] = v[i];
+            for (int i = 0; i < kReceiveGroupsPerLane; ++i) out[(q0 + i) * kGroupVectors] = v[i];
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < kReceiveGroupsPerLane; ++i) {
+            const int q = q0 + i;
+            if (!flagLane && q * kGroupVectors + laneVector < vectors) out[q * kGroupVectors] = v[i];
+          }
         }
         if (in.fp8) {
           float* scalesOut = local.recvScales + to * scalesPerRow + firstScale;
