@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Sums Nsight Compute's sampled warp stalls over every kernel result of a source-page CSV.
 
-Input: `ncu --import R --page source --csv --print-source sass|cuda` (one block per profiled
-launch). Output: the total by stall reason, then every line that ran or was sampled, in address
-or line order: instructions executed, samples, its three main stall reasons, the source text.
+Input: `ncu --import R --page source --csv --print-source sass` (one block per profiled launch).
+Output: the total by stall reason, then every instruction that ran or was sampled, in address
+order: instructions executed (warp level), samples, its three main stall reasons, the SASS.
 """
 import collections
 import csv
@@ -23,7 +23,7 @@ def main(path):
     for row in csv.reader(open(path, newline="")):
         if not row or row[0] == "Kernel Name":
             continue
-        if row[0] in ("Address", "#", "Line"):
+        if row[0] == "Address":
             header = row
             index = {name: i for i, name in enumerate(row)}
             reasons = [name for name in row if name.startswith("stall_") and "Not Issued" not in name]
@@ -34,7 +34,8 @@ def main(path):
         entry = lines.setdefault(key, {"source": row[index["Source"]], "samples": 0, "executed": 0,
                                        "stalls": collections.Counter()})
         entry["samples"] += number(row[index["Warp Stall Sampling (All Samples)"]])
-        entry["executed"] += number(row[index.get("Instructions Executed", 0)]) if "Instructions Executed" in index else 0
+        if "Instructions Executed" in index:
+            entry["executed"] += number(row[index["Instructions Executed"]])
         for reason in reasons:
             entry["stalls"][reason[len("stall_"):]] += number(row[index[reason]])
     total = collections.Counter()
