@@ -478,10 +478,10 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
       if (in.fp8 && lane % 16 == 0) stagedScales[value / kScaleBlock] = value < partValues ? scale[i] : 0.0f;
     }
     // The last part of a row whose hidden is not a whole number of parts.
-    for (int w = dataBytes / 4 + lane; w < llHeaderAt(in.fp8) / 4; w += kWarp) reinterpret_cast<int*>(staging)[w] = 0;
+    for (int w = dataBytes / 4 + lane; w < llPartBytes(in.fp8) / 4; w += kWarp) reinterpret_cast<int*>(staging)[w] = 0;
     __syncwarp();
     LineRun<kPartSendGroups> run;
-    run.stage(staging, llHeaderAt(in.fp8), e.send, lane);
+    run.stage(staging, llPartBytes(in.fp8), e.send, lane);
     if (in.fp8) run.setSpare([&](int line) { return line < kPartScales ? static_cast<uint64_t>(__float_as_uint(stagedScales[line])) : 0; }, lane);
     // Each line carries its flag: no fence, no tag.
     const size_t dataAt = static_cast<size_t>(p) * dataLines * kLineBytes;

@@ -53,8 +53,8 @@ UNIFAB_HOST_DEVICE constexpr int llHeaderBytes(int topk) { return (8 * topk + 15
 UNIFAB_HOST_DEVICE constexpr int llDataLines(bool fp8) { return kLlPartValues * (fp8 ? 1 : 2) / kLinePayloadBytes; }
 UNIFAB_HOST_DEVICE constexpr int llHeaderLines(int topk) { return linesFor(llHeaderBytes(topk)); }
 UNIFAB_HOST_DEVICE inline int llRunLines(bool fp8, int topk, int hidden) { return llParts(hidden) * llDataLines(fp8) + llHeaderLines(topk); }
-// Where part 0's stream (its values, then the header) holds the header.
-UNIFAB_HOST_DEVICE constexpr int llHeaderAt(bool fp8) { return kLlPartValues * (fp8 ? 1 : 2); }
+// The bytes of a part's values, zero-padded to a whole part (its stream, before the lines).
+UNIFAB_HOST_DEVICE constexpr int llPartBytes(bool fp8) { return kLlPartValues * (fp8 ? 1 : 2); }
 static_assert(kLlPartValues % kScaleBlock == 0 && kLlPartValues / kScaleBlock <= llDataLines(true), "an FP8 part's scales have a line each");
 static_assert(kLlPartValues % kLinePayloadBytes == 0, "a part's FP8 values fill whole lines");
 
