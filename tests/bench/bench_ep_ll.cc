@@ -334,7 +334,6 @@ int runEpLowLatency(Args& args, const char* self) {
   run.iters = atoi(args.value("--iters", "50").c_str());
   run.warmup = atoi(args.value("--warmup", "10").c_str());
   const long flushMib = atol(args.value("--flush-mib", "256").c_str());
-  run.flushBytes = static_cast<size_t>(std::clamp(flushMib, 0L, 4096L)) << 20;
   const std::string dtype = args.value("--dtype", "fp8");
   run.fp8 = dtype == "fp8";
   run.csv = args.value("--csv", "");
@@ -357,6 +356,7 @@ int runEpLowLatency(Args& args, const char* self) {
             dtype.c_str(), kernelTimes.c_str(), flushMib);
     return 2;
   }
+  run.flushBytes = static_cast<size_t>(flushMib) << 20;
   test::RankEnvironment env = test::rankEnvironment();
   if (env.launched) return runLlRank(run, env) ? 0 : 1;
   return relaunchPerGpu(self, "ep", args, atoi(ranksText.c_str()), {});
