@@ -71,6 +71,9 @@ Result validateConfig(const unifabEpConfig_t& config, int nRanks) {
                     config.maxTokensPerRank, kMaxLowLatencyTokens);
   }
   if (config.maxSms < 0) return UF_ERROR(unifabInvalidArgument, kExt, "config->maxSms=%d is negative", config.maxSms);
+  if (config.programmaticLaunch != 0 && config.programmaticLaunch != 1) {
+    return UF_ERROR(unifabInvalidArgument, kExt, "config->programmaticLaunch=%d is neither 0 nor 1", config.programmaticLaunch);
+  }
   return unifabSuccess;
 }
 

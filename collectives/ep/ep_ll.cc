@@ -240,7 +240,7 @@ Result unifabEpGroup::lowLatencyDispatch(const unifabEpLowLatencyDispatchArgs_t&
   // A send warp per message part and per bitmap word (kernels/ep/ll.cu: dispatchMessageItems).
   const int items = std::max(send ? h->numTokens * parts + v.layout.bitWords : 0, receive ? v.nRanks * v.maxTokens * parts : 0);
   const int blocks = unifab::tuner::epLowLatencyBlocks(items, kep::kLlWarpsPerBlock, smsFor(a.numSms));
-  UF_CUDA_CHECK(kep::launchLlDispatch(v, input, h->set, send, receive, blocks, stream));
+  UF_CUDA_CHECK(kep::launchLlDispatch(v, input, {h->set, send, receive, blocks, config_.programmaticLaunch != 0, stream}));
   if (send) {
     ++llDispatchSends_;
     h->sent = true;
@@ -330,7 +330,7 @@ Result unifabEpGroup::lowLatencyCombine(unifabEpHandle* h, const unifabEpLowLate
   input.combinedX = a.combinedX;
   const int items = std::max(send ? v.nRanks * v.maxTokens * parts : 0, receive ? h->numTokens * parts : 0);
   const int blocks = unifab::tuner::epLowLatencyBlocks(items, kep::kLlWarpsPerBlock, smsFor(a.numSms));
-  UF_CUDA_CHECK(kep::launchLlCombine(v, input, h->set, send, receive, blocks, stream));
+  UF_CUDA_CHECK(kep::launchLlCombine(v, input, {h->set, send, receive, blocks, config_.programmaticLaunch != 0, stream}));
   if (send) {
     h->combineSent = true;
     h->combineSequence = ++llCombineSends_;

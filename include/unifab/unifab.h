@@ -118,8 +118,13 @@ typedef struct {
   int hidden;                 /* values per token */
   int topk;                   /* experts per token, 1..32 */
   int maxSms;                 /* SM cap for every call; 0 = the tuner's choice */
+  int programmaticLaunch;     /* low latency, sm_90: 1 = each call's kernel is a programmatic dependent
+                                 launch: the GPU schedules it while the stream's previous kernel
+                                 finishes, and it waits for that kernel's completion before it reads
+                                 or writes any memory (a previous kernel that triggers early, as the
+                                 group's own do, lets it start sooner); 0 = plain stream order */
 } unifabEpConfig_t;
-#define UNIFAB_EP_CONFIG_INIT {sizeof(unifabEpConfig_t), unifabEpHighThroughput, 0, 0, 0, 0, 0}
+#define UNIFAB_EP_CONFIG_INIT {sizeof(unifabEpConfig_t), unifabEpHighThroughput, 0, 0, 0, 0, 0, 1}
 
 /* Bytes of symmetric memory a group with this configuration registers on each rank. */
 UNIFAB_API unifabResult_t unifabEpBufferSize(const unifabEpConfig_t* config, int nRanks, size_t* bytes);

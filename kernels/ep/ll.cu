@@ -5,6 +5,7 @@
 #include "kernels/common/bf16x8.cuh"
 #include "kernels/common/device_sync.cuh"
 #include "kernels/common/flagged_lines.cuh"
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/ep/ep_trace.cuh"
 #include "kernels/ep/ll_kernels.h"
 
@@ -703,6 +704,8 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
                                                                 const __grid_constant__ LlView g) {
   __shared__ int parameterSink[kWarps];
   touchParameterLines(g, in.numTokens, in.ue8m0, parameterSink);
+  waitForPrerequisiteGrid();
+  allowDependentLaunch();
   const int lane = threadIdx.x % kWarp;
   const int warp = sendWarpIndex();
   const int warps = gridDim.x * kWarps;
@@ -939,6 +942,8 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
                                                                const __grid_constant__ LlView g) {
   __shared__ int parameterSink[kWarps];
   touchParameterLines(g, in.numTokens, in.combinedX != nullptr, parameterSink);
+  waitForPrerequisiteGrid();
+  allowDependentLaunch();
   const int lane = threadIdx.x % kWarp;
   const int warp = sendWarpIndex(), receiveWarp = receiveWarpIndex();
   const int warps = gridDim.x * kWarps;
@@ -971,18 +976,31 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   traceWarp(g, kTraceLlCombineStarted, send ? e.send : e.receive, stamps);
 }
 
-}  // namespace
-
-cudaError_t launchLlDispatch(const LlView& view, const LlDispatchInput& input, int set, bool send, bool receive,
-                             int numBlocks, cudaStream_t stream) {
-  llDispatchKernel<<<numBlocks, kThreads, 0, stream>>>(set, send, receive, input, view);
-  return cudaGetLastError();
+// Both kernels start with the parameter reads alone, then wait for the stream's previous kernel
+// (grid_dependency.cuh), so either may be a programmatic dependent launch.
+template <typename Input>
+cudaError_t launchLl(void (*kernel)(int, bool, bool, Input, LlView), const LlView& view, const Input& input,
+                     const LlLaunch& launch) {
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(launch.numBlocks));
+  config.blockDim = dim3(kThreads);
+  config.stream = launch.stream;
+  config.attrs = &dependent;
+  config.numAttrs = launch.programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, launch.set, launch.send, launch.receive, input, view);
 }
 
-cudaError_t launchLlCombine(const LlView& view, const LlCombineInput& input, int set, bool send, bool receive,
-                            int numBlocks, cudaStream_t stream) {
-  llCombineKernel<<<numBlocks, kThreads, 0, stream>>>(set, send, receive, input, view);
-  return cudaGetLastError();
+}  // namespace
+
+cudaError_t launchLlDispatch(const LlView& view, const LlDispatchInput& input, const LlLaunch& launch) {
+  return launchLl(llDispatchKernel, view, input, launch);
+}
+
+cudaError_t launchLlCombine(const LlView& view, const LlCombineInput& input, const LlLaunch& launch) {
+  return launchLl(llCombineKernel, view, input, launch);
 }
 
 }  // namespace unifab::kernels::ep

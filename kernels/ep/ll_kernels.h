@@ -148,11 +148,17 @@ struct LlCombineInput {
   void* combinedX;           // [numTokens][hidden] BF16
 };
 
-// One kernel: the send phase and/or the receive phase of a dispatch into set `set`.
-cudaError_t launchLlDispatch(const LlView& view, const LlDispatchInput& input, int set, bool send, bool receive,
-                             int numBlocks, cudaStream_t stream);
-// One kernel: the send phase and/or the receive phase of the combine of the dispatch in `set`.
-cudaError_t launchLlCombine(const LlView& view, const LlCombineInput& input, int set, bool send, bool receive,
-                            int numBlocks, cudaStream_t stream);
+struct LlLaunch {
+  int set;            // the buffer set of the dispatch (and of its combine)
+  bool send, receive;  // the phases this kernel runs
+  int numBlocks;
+  bool programmatic;  // a programmatic dependent launch (kernels/common/grid_dependency.cuh)
+  cudaStream_t stream;
+};
+
+// One kernel: the send phase and/or the receive phase of a dispatch into set `launch.set`.
+cudaError_t launchLlDispatch(const LlView& view, const LlDispatchInput& input, const LlLaunch& launch);
+// One kernel: the send phase and/or the receive phase of the combine of the dispatch in `launch.set`.
+cudaError_t launchLlCombine(const LlView& view, const LlCombineInput& input, const LlLaunch& launch);
 
 }  // namespace unifab::kernels::ep

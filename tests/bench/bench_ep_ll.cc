@@ -29,6 +29,7 @@ struct LlRun {
   int hidden, topk, experts, sms, iters, warmup;
   size_t flushBytes;  // written before each timed call (0: caches left warm, the calls still aligned)
   bool fp8;
+  bool programmatic;  // unifabEpConfig_t::programmaticLaunch
   bool kernelTimes;  // a second pass per op timing its kernels alone (CUPTI)
   std::string csv;
   std::string ops;  // comma-separated subset of dispatch,phases,combine,pair,nccl (empty: all), and floor
@@ -49,6 +50,7 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
                                                     *std::max_element(run.tokens.begin(), run.tokens.end()));
   unifabEpConfig_t config = test::ep::groupConfig(shape);
   config.mode = unifabEpLowLatency;
+  config.programmaticLaunch = run.programmatic ? 1 : 0;
   unifabEpGroup_t group = nullptr;
   TEST_UNIFAB_CHECK(unifabEpCreate(session.comm(), &config, &group));
   // Uniform routing, no masked entries, BF16 activations.
@@ -257,9 +259,10 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
   TEST_UNIFAB_CHECK(unifabEpGetAsyncError(group));
 
   if (env.rank == 0) {
-    printf("# unifab-bench ep ll: %d ranks, hidden %d, top-%d, %d experts, %s dispatch, BF16 combine, SMs %s\n",
+    printf("# unifab-bench ep ll: %d ranks, hidden %d, top-%d, %d experts, %s dispatch, BF16 combine, SMs %s, %s\n",
            env.nRanks, run.hidden, run.topk, run.experts, run.fp8 ? "FP8" : "BF16",
-           run.sms > 0 ? std::to_string(run.sms).c_str() : "auto");
+           run.sms > 0 ? std::to_string(run.sms).c_str() : "auto",
+           run.programmatic ? "programmatic dependent launches" : "plain stream order (--programmatic 0)");
     const std::string flushed = run.flushBytes > 0 ? "L2 flushed (" + std::to_string(run.flushBytes >> 20) + " MiB written)"
                                                    : "nothing flushed (--flush-mib 0)";
     printf("# median and p99 of %d after %d warm-up, %s, slowest rank; GB/s per (token, expert) selection;"
@@ -339,6 +342,8 @@ int runEpLowLatency(Args& args, const char* self) {
   run.csv = args.value("--csv", "");
   run.ops = args.value("--ops", "");
   const std::string kernelTimes = args.value("--kernel-times", "1");
+  const std::string programmatic = args.value("--programmatic", "1");
+  run.programmatic = programmatic == "1";
   run.kernelTimes = kernelTimes == "1";
   std::string ranksText = args.value("--nranks", "0");
   if (!parseBackToBack(args, "ep --mode ll")) return 2;
@@ -348,12 +353,13 @@ int runEpLowLatency(Args& args, const char* self) {
   }
   bool tokensOk = !run.tokens.empty();
   for (int t : run.tokens) tokensOk = tokensOk && t >= 1 && t <= 1024;
-  if ((dtype != "bf16" && dtype != "fp8") || !tokensOk || (kernelTimes != "0" && kernelTimes != "1") || flushMib < 0 ||
+  if ((dtype != "bf16" && dtype != "fp8") || !tokensOk || (kernelTimes != "0" && kernelTimes != "1") ||
+      (programmatic != "0" && programmatic != "1") || flushMib < 0 ||
       flushMib > 4096) {
     fprintf(stderr,
             "unifab-bench ep --mode ll: --dtype is bf16 or fp8 (got %s); --tokens is a list in 1..1024; --kernel-times"
-            " is 0 or 1 (got %s); --flush-mib is in 0..4096 (got %ld)\n",
-            dtype.c_str(), kernelTimes.c_str(), flushMib);
+            " is 0 or 1 (got %s); --programmatic is 0 or 1 (got %s); --flush-mib is in 0..4096 (got %ld)\n",
+            dtype.c_str(), kernelTimes.c_str(), programmatic.c_str(), flushMib);
     return 2;
   }
   run.flushBytes = static_cast<size_t>(flushMib) << 20;

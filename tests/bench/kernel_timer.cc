@@ -17,7 +17,7 @@ namespace unifab::bench {
 namespace {
 
 struct KernelRecord {
-  uint32_t correlation;
+  uint32_t correlation, stream;
   uint64_t startNs, endNs;
 };
 
@@ -52,7 +52,7 @@ void CUPTIAPI bufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   while (cuptiActivityGetNextRecord(buffer, validSize, &record) == CUPTI_SUCCESS) {
     if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-      r.kernels.push_back({k->correlationId, k->start, k->end});
+      r.kernels.push_back({k->correlationId, k->streamId, k->start, k->end});
     } else if (record->kind == CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) {
       const auto* e = reinterpret_cast<const CUpti_ActivityExternalCorrelation*>(record);
       if (e->externalKind == kIdKind) r.externalIds[e->correlationId] = e->externalId;
@@ -128,13 +128,21 @@ bool KernelTimer::end(uint64_t ids, std::vector<double>* spansUs) {
   Recorded& r = recorded();
   std::lock_guard<std::mutex> lock(r.mutex);
   const size_t kernelRecords = r.kernels.size(), correlationRecords = r.externalIds.size();
+  // A kernel counts from when the kernels before it in its stream have ended, if that is after its
+  // start: a programmatic dependent launch starts during its predecessor and first waits for it.
+  std::sort(r.kernels.begin(), r.kernels.end(),
+            [](const KernelRecord& a, const KernelRecord& b) { return a.startNs < b.startNs; });
+  std::unordered_map<uint32_t, uint64_t> streamEnd;  // latest end so far of each stream's kernels
   for (const KernelRecord& k : r.kernels) {
     // A forced flush can hand over a record of a kernel not yet finished (its times 0).
     if (k.startNs == 0 || k.endNs <= k.startNs) continue;
+    uint64_t& before = streamEnd[k.stream];
+    const uint64_t startNs = std::max(k.startNs, before);
+    before = std::max(before, k.endNs);
     const auto it = r.externalIds.find(k.correlation);
     if (it == r.externalIds.end() || it->second == 0 || it->second > ids) continue;  // not an operation's kernel
     const uint64_t i = it->second - 1;
-    first[i] = std::min(first[i], k.startNs);
+    first[i] = std::min(first[i], startNs);
     last[i] = std::max(last[i], k.endNs);
   }
   r.kernels.clear();

@@ -1,7 +1,9 @@
 // GPU time of the kernels one operation launches, as a profiler sees it: CUPTI's activity records
 // give each kernel's start and end on the GPU, and an operation's time is from its first kernel's
 // start to its last kernel's end. No launch, no event overhead, no host: the measure that DeepEP's
-// and NCCL EP's kineto/CUPTI-based benchmarks report as kernel time. Built only where the CUDA
+// and NCCL EP's kineto/CUPTI-based benchmarks report as kernel time. A kernel that starts before
+// the previous kernel of its stream has ended (a programmatic dependent launch, which waits for it
+// first) counts from that end: in-stream kernels' times never overlap. Built only where the CUDA
 // toolkit has CUPTI (available() says so); one recording at a time per process.
 #pragma once
 

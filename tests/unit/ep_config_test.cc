@@ -50,6 +50,7 @@ TEST(EpConfig, EachBadFieldIsNamed) {
       {"config->hidden", [](unifabEpConfig_t* c, int*) { c->hidden = 7000; }, unifabInvalidArgument},
       {"config->maxTokensPerRank", [](unifabEpConfig_t* c, int*) { c->maxTokensPerRank = 0; }, unifabInvalidArgument},
       {"config->maxSms", [](unifabEpConfig_t* c, int*) { c->maxSms = -1; }, unifabInvalidArgument},
+      {"config->programmaticLaunch", [](unifabEpConfig_t* c, int*) { c->programmaticLaunch = 2; }, unifabInvalidArgument},
       {"nRanks", [](unifabEpConfig_t*, int* n) { *n = 65; }, unifabInvalidArgument},
       {"nRanks", [](unifabEpConfig_t*, int* n) { *n = 0; }, unifabInvalidArgument},
       {"config->numExperts", [](unifabEpConfig_t* c, int* n) {
