@@ -47,7 +47,8 @@ Result unifabEpGroup::planLowLatencyLayout(const unifabEpConfig_t& config, int n
 
   unifab::collectives::ep::Carver window(nullptr);
   L.released = window.reserve(sizeof(uint64_t) * kep::kLlSets *
-                              (static_cast<size_t>(nRanks) * tokens + tokens * kep::llCombineParts(config.hidden)));
+                              (static_cast<size_t>(nRanks) * tokens * kep::kLlReceiveTeamMax +
+                               tokens * kep::llCombineParts(config.hidden)));
   L.setBase = window.reserve(L.setBytes * kep::kLlSets);
   L.total = window.used();
   *layout = L;

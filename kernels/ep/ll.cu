@@ -182,24 +182,43 @@ __device__ __forceinline__ void receiveCounted(const LlView& g, LlOpCounters* c,
 }
 
 // Release words (LlLayout::released). Dispatch: in the sender's window (rank `sender`), for its slot
-// of token t in receiver `receiver`'s `set`; the receiver stores it across NVLink once it has read
+// of token t in receiver `receiver`'s `set`, one word per warp of the receiving team
+// (kLlReceiveTeamMax); the receiver stores them across NVLink once it has read
 // the slot, so that the sender's check before writing the slot again is a load from its own memory
 // (the sender checks every slot of a call, on its critical path; the receiver's store is the last
 // thing its warp does with the slot). Combine: part p of token t of `set` in the receiver's own
 // window (rank `rank`), read by the sender across NVLink.
 __device__ __forceinline__ uint64_t* dispatchReleased(const LlView& g, int sender, int set, int receiver, int t) {
   return reinterpret_cast<uint64_t*>(at(g, sender, g.layout.released)) +
-         (static_cast<size_t>(set) * g.nRanks + receiver) * g.maxTokens + t;
+         ((static_cast<size_t>(set) * g.nRanks + receiver) * g.maxTokens + t) * kLlReceiveTeamMax;
 }
 __device__ __forceinline__ uint64_t* combineReleased(const LlView& g, int rank, int set, int t, int p) {
-  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.released)) + static_cast<size_t>(kLlSets) * g.nRanks * g.maxTokens +
+  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.released)) +
+         static_cast<size_t>(kLlSets) * g.nRanks * g.maxTokens * kLlReceiveTeamMax +
          (static_cast<size_t>(set) * g.maxTokens + t) * llCombineParts(g.hidden) + p;
 }
 
-// Until `word` says its slot's reader has finished the call `lastUse` (`seen`: the word as loaded
-// earlier, usually already enough).
-__device__ __forceinline__ bool released(const LlView& g, const uint64_t* word, uint64_t lastUse, uint64_t seen) {
-  return seen >= lastUse || waitUntil<true>(g, [&] { return loadRelaxed(word) >= lastUse; });
+// A dispatch slot's release: the lowest of its kLlReceiveTeamMax words, one per warp of the team
+// that reads it (dispatchReceive); a combine part's has one word.
+template <int kWords>
+__device__ __forceinline__ uint64_t loadReleased(const uint64_t* words) {
+  static_assert(kWords == 1 || kWords % 2 == 0, "one word, or pairs");
+  if (kWords == 1) return loadRelaxed(words);
+  uint64_t lowest = loadRelaxedLowerOfPair(words);
+#pragma unroll
+  for (int i = 2; i < kWords; i += 2) lowest = min(lowest, loadRelaxedLowerOfPair(words + i));
+  return lowest;
+}
+
+// Until `words` say their slot's readers have finished the call `lastUse` (`seen`: the words as
+// loaded earlier, usually already enough).
+template <int kWords>
+__device__ __noinline__ bool waitReleased(const LlView& g, const uint64_t* words, uint64_t lastUse) {
+  return waitUntil<true>(g, [&] { return loadReleased<kWords>(words) >= lastUse; });
+}
+template <int kWords>
+__device__ __forceinline__ bool released(const LlView& g, const uint64_t* words, uint64_t lastUse, uint64_t seen) {
+  return seen >= lastUse || waitReleased<kWords>(g, words, lastUse);
 }
 
 // The receiving warp's word for a slot it has read, stored by lane 0 (into the sender's memory for a
@@ -218,11 +237,12 @@ __device__ __forceinline__ void releaseSlot(uint64_t* word, uint64_t epoch, int 
 // (every rank's before any is checked): `partSeen`, lane l's lowest word of slot (this rank, token
 // t) in ranks l, l + 32 (< nRanks); `bitsSeen`, lane i's lowest word of slot (this rank, 32 c + i)
 // in every rank.
-constexpr int kLoadsInFlight = 8;
+constexpr int kLoadsInFlight = 4;
 __device__ __forceinline__ uint64_t loadPartReleased(const LlView& g, int set, int t, int lane) {
   static_assert(kMaxRanks <= 2 * kWarp, "a lane covers at most two ranks");
-  const uint64_t first = lane < g.nRanks ? loadRelaxed(dispatchReleased(g, g.rank, set, lane, t)) : ~0ULL;
-  const uint64_t second = lane + kWarp < g.nRanks ? loadRelaxed(dispatchReleased(g, g.rank, set, lane + kWarp, t)) : ~0ULL;
+  const uint64_t first = lane < g.nRanks ? loadReleased<kLlReceiveTeamMax>(dispatchReleased(g, g.rank, set, lane, t)) : ~0ULL;
+  const uint64_t second =
+      lane + kWarp < g.nRanks ? loadReleased<kLlReceiveTeamMax>(dispatchReleased(g, g.rank, set, lane + kWarp, t)) : ~0ULL;
   return min(first, second);
 }
 __device__ __forceinline__ uint64_t loadBitsReleased(const LlView& g, int set, int c, int lane) {
@@ -233,7 +253,7 @@ __device__ __forceinline__ uint64_t loadBitsReleased(const LlView& g, int set, i
     uint64_t word[kLoadsInFlight];
 #pragma unroll
     for (int i = 0; i < kLoadsInFlight; ++i) {
-      word[i] = d0 + i < g.nRanks ? loadRelaxed(dispatchReleased(g, g.rank, set, d0 + i, t)) : ~0ULL;
+      word[i] = d0 + i < g.nRanks ? loadReleased<kLlReceiveTeamMax>(dispatchReleased(g, g.rank, set, d0 + i, t)) : ~0ULL;
     }
 #pragma unroll
     for (int i = 0; i < kLoadsInFlight; ++i) lowest = min(lowest, word[i]);
@@ -388,7 +408,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     const int t = c * kWarp + lane;
     bool ok = true;
     for (int d = 0; d < g.nRanks && ok && t < g.maxTokens; ++d) {
-      ok = released(g, dispatchReleased(g, g.rank, set, d, t), e.lastUse, seen);
+      ok = released<kLlReceiveTeamMax>(g, dispatchReleased(g, g.rank, set, d, t), e.lastUse, seen);
     }
     return warpAll(ok);
   };
@@ -397,7 +417,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   auto slotFree = [&](int t, uint64_t ranks, uint64_t seen) {
     bool ok = true;
     for (int d = lane; d < g.nRanks && ok; d += kWarp) {
-      if (((ranks >> d) & 1ULL) != 0) ok = released(g, dispatchReleased(g, g.rank, set, d, t), e.lastUse, seen);
+      if (((ranks >> d) & 1ULL) != 0) ok = released<kLlReceiveTeamMax>(g, dispatchReleased(g, g.rank, set, d, t), e.lastUse, seen);
     }
     return warpAll(ok);
   };
@@ -526,20 +546,47 @@ static_assert(llHeaderLines(kMaxTopk) <= kLinesPerGroup, "the header is one line
 constexpr int kChunkScales = kReceiveGroupsPerLane * kLinesPerGroup;
 static_assert(kChunkScales % kWarp == 0 && kChunkScales * 4 <= kPartStreamBytes, "a chunk's scales stage in the warp's buffer");
 
-// The receive phase: a warp per message slot (source rank, token), the slots dealt over the blocks
-// first (receiveWarpIndex), so that a few messages still spread over many SMs. Each poll loads the
-// message's first kReceiveGroupsPerLane groups of value lines and its header lines whole. At the
-// first poll that finds the header lines flagged (they are sent first) the warp hands out the
-// message's rows (the set's recvCount of each local expert it names, once this rank's send phase
-// has cleared them) and notes them for combine; once every line carries the call's epoch, the
-// values and scales are already in the warp's registers, and it stores the lines into each row. A
-// row of more groups (BF16 above hidden 3584, FP8 above 7168) polls and stores its further chunks
-// the same way, without the header.
+// The warps that read one message together, each storing its share of the message's rows, each in
+// another block: one warp storing a message's ~4 rows of 7 KB took ~0.3 us a row on the 1-token
+// path (docs/benchmarks/ep-ll.md, twenty-second session), and a team within one SM gained half
+// of what one spread over SMs did. As many as the warps that the kernel's send items
+// (`sendWarps`) leave idle allow over the slots, up to kLlReceiveTeamMax (kWarps is a multiple of
+// each size): members also poll, and polling warps beside sending ones slowed a 128-token
+// dispatch by 0.6 us. Gives log2 of the size: a receiving warp whose send item came first (every
+// warp, at 128 tokens) goes through the team's arithmetic with its data already there, so that
+// arithmetic is shifts, not divisions by a runtime size.
+static_assert(kWarps % kLlReceiveTeamMax == 0 && kLlReceiveTeamMax == 4, "a block's warps make whole teams");
+__device__ __forceinline__ int receiveTeamShift(int slots, int sendWarps) {
+  const int spare = static_cast<int>(gridDim.x) * kWarps - sendWarps;
+  return spare >= 4 * slots ? 2 : spare >= 2 * slots ? 1 : 0;
+}
+
+// releaseSlot for member `member` of a team of `team` warps that read a dispatch slot: each stores
+// its own of the slot's words (dispatchReleased), member 0 also those of the members the team
+// does not have, so that the sender's lowest word is the epoch once every member is done.
+__device__ __forceinline__ void releaseSlotAsMember(uint64_t* words, uint64_t epoch, int lane, int member, int team) {
+  __syncwarp();
+  if (lane < kLlReceiveTeamMax && (lane == member || (member == 0 && lane >= team))) storeRelaxed(words + lane, epoch);
+}
+
+// The receive phase: a team of warps per message slot (source rank, token; receiveTeamShift), the
+// slots in token order and dealt over the blocks first, so that a few messages still spread over
+// many SMs. Each poll loads the message's first kReceiveGroupsPerLane groups of value lines and its
+// header lines whole. At the first poll that finds the header lines flagged (they are sent first)
+// each member hands out its share of the message's rows (the set's recvCount of each local expert
+// it names, once this rank's send phase has cleared them; a member with none stops there) and
+// notes them for combine; once every line carries the call's epoch, the values and scales are
+// already in the warp's registers, and it stores the lines into each of its rows. A row of more
+// groups (BF16 above hidden 3584, FP8 above 7168) polls and stores its further chunks the same
+// way, without the header.
 __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, float* scaleStage,
-                                LlWarpStamps& stamps) {
+                                int sendWarps, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
-  const int warp = receiveWarpIndex();
-  const int warps = gridDim.x * kWarps;
+  const int slots = g.nRanks * g.maxTokens;
+  const int teamShift = receiveTeamShift(slots, sendWarps);
+  const int team = 1 << teamShift;
+  const int fromTop = kWarps - 1 - static_cast<int>(threadIdx.x / kWarp);
+  const int member = fromTop & (team - 1);
   const LlSetLocal& local = g.sets[set];
   const int valueBytes = in.fp8 ? 1 : 2;
   const size_t rowBytes = static_cast<size_t>(g.hidden) * valueBytes;
@@ -582,14 +629,14 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
         headerFlagged = !headerLane || flagOf(header) == epoch;
       }
       if (!headerSeen && __all_sync(0xffffffff, headerFlagged)) {
-        handOut();
+        if (!handOut()) return true;  // none of the message's rows is this warp's to store
         headerSeen = true;
       }
       if (headerSeen && __all_sync(0xffffffff, values)) return true;
       if (deadline.expired(bounds(g), kErrorTimeout, polls, lane)) return false;
     }
   };
-  const auto nothing = [] {};
+  const auto nothing = [] { return true; };
   // Header word k (byte 4 k: ids, then weights) from the lane that holds it; the whole warp calls.
   auto headerWord = [&](int k) {
     const int at = 4 * k;
@@ -600,16 +647,24 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     return word == 0 ? x : word == 1 ? y : word == 2 ? z : w;
   };
   bool countsCleared = false;
-  for (int slot = warp; slot < g.nRanks * g.maxTokens; slot += warps) {
-    const int s = slot / g.maxTokens, t = slot % g.maxTokens;
+  // Team (k, b) (slot n = k gridDim + b, in token order) is warp k team + j of block b + j gridDim / team.
+  const int blocks = static_cast<int>(gridDim.x);
+  int home = static_cast<int>(blockIdx.x) - member * (blocks >> teamShift);
+  if (home < 0) home += blocks;
+  const int stride = blocks * (kWarps >> teamShift);
+  for (int n = (fromTop >> teamShift) * blocks + home; n < slots; n += stride) {
+    const int s = n % g.nRanks, t = n / g.nRanks;
+    const int slot = s * g.maxTokens + t;
     const uint64_t* bitsWord = tokenBits + static_cast<size_t>(s) * g.layout.bitWords + t / kWarp;
     uint64_t word = 0;
     if (!warpAll(waitUntil<true>(g, [&] { return countWordIsFrom(word = loadRelaxed(bitsWord), epoch); }))) return;
     int* rowOf = local.rowOf + static_cast<size_t>(slot) * g.topk;
     uint64_t* slotReleased = dispatchReleased(g, s, set, g.rank, t);  // in the sender's memory
     if (((static_cast<unsigned>(countOf(word)) >> (t % kWarp)) & 1u) == 0) {
-      if (lane < g.topk) rowOf[lane] = -1;  // no message: combine skips the slot
-      releaseSlot(slotReleased, epoch, lane);
+      if (member == 0) {
+        if (lane < g.topk) rowOf[lane] = -1;  // no message: combine skips the slot
+        releaseSlotAsMember(slotReleased, epoch, lane, 0, 1);
+      }
       continue;
     }
     const int4* lanePiece = reinterpret_cast<const int4*>(messageAt(g, g.rank, set, s, t) + laneLine * kLineBytes + lane % 8 * 16);
@@ -619,27 +674,31 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     }
     countsCleared = true;
     // Lane k < topk: the row of the message's k-th expert if it is ours (-1 otherwise), handed out
-    // from the header, which the first chunk's poll holds (a later chunk's leaves it undefined).
+    // from the header, which the first chunk's poll holds (a later chunk's leaves it undefined). The
+    // message's local experts are dealt over the team in top-k order: each member hands out and
+    // stores its own rows; member 0 also notes the weights and the experts that are not ours.
     int row = -1;
     const auto handOut = [&] {
       const int k = lane < g.topk ? lane : 0;
       const int id = headerWord(k);
       const float weight = __int_as_float(headerWord(g.topk + k));
-      if (lane < g.topk) {
-        if (id >= firstExpert && id < firstExpert + g.numLocalExperts) {
-          const int e = id - firstExpert;
-          row = e * g.expertStride + atomicAdd(local.recvCount + e, 1);
-          local.recvSource[static_cast<size_t>(row) * 2] = s;
-          local.recvSource[static_cast<size_t>(row) * 2 + 1] = t;
-        }
-        rowOf[lane] = row;
-        local.weightOf[static_cast<size_t>(slot) * g.topk + lane] = weight;
+      const bool ours = lane < g.topk && id >= firstExpert && id < firstExpert + g.numLocalExperts;
+      const unsigned oursMask = __ballot_sync(0xffffffff, ours);
+      const bool mine = ours && __popc(oursMask & ((1u << lane) - 1)) % team == member;
+      if (mine) {
+        const int e = id - firstExpert;
+        row = e * g.expertStride + atomicAdd(local.recvCount + e, 1);
+        local.recvSource[static_cast<size_t>(row) * 2] = s;
+        local.recvSource[static_cast<size_t>(row) * 2 + 1] = t;
       }
+      if (mine || (member == 0 && lane < g.topk && !ours)) rowOf[lane] = row;
+      if (member == 0 && lane < g.topk) local.weightOf[static_cast<size_t>(slot) * g.topk + lane] = weight;
+      return __any_sync(0xffffffff, mine);
     };
     if (!poll(lanePiece, 0, true, handOut)) return;
     if (stamps.arrived == 0) stamps.arrived = traceNow(g);
     const unsigned targets = __ballot_sync(0xffffffff, row >= 0);
-    for (int q0 = 0; q0 < groups; q0 += kReceiveGroupsPerLane) {
+    for (int q0 = 0; targets != 0 && q0 < groups; q0 += kReceiveGroupsPerLane) {
       if (q0 != 0 && !poll(lanePiece, q0, false, nothing)) return;
       // The chunk's FP8 scales, from the flag pieces of its lines (line l of the chunk: scale
       // l % 8 of its part l / 8) through shared memory to lanes in scale order, so that each row
@@ -688,7 +747,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
         }
       }
     }
-    releaseSlot(slotReleased, epoch, lane);
+    releaseSlotAsMember(slotReleased, epoch, lane, member, team);
     stamps.received = traceNow(g);
   }
 }
@@ -738,7 +797,8 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
     sendCounted(g, counters, set, e.send);
   }
   if (receive) {
-    dispatchReceive(g, in, set, e.receive, reinterpret_cast<float*>(partStreams[threadIdx.x / kWarp]), stamps);
+    dispatchReceive(g, in, set, e.receive, reinterpret_cast<float*>(partStreams[threadIdx.x / kWarp]),
+                    send ? messageItems + g.layout.bitWords : 0, stamps);
   }
   traceWarp(g, kTraceLlDispatchStarted, send ? e.send : e.receive, stamps);
 }
@@ -861,7 +921,7 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     LineRun<kPartGroups> run;
     run.stage(staging, payloadBytes, e.send, lane);
     // Rank s's part p of token t, free once s has read what this rank last wrote there.
-    if (!warpAll(released(g, combineReleased(g, s, set, t, p), e.lastUse, seen))) return;
+    if (!warpAll(released<1>(g, combineReleased(g, s, set, t, p), e.lastUse, seen))) return;
     run.store(partialAt(g, s, set, g.rank, t) + static_cast<size_t>(p) * kLlCombinePartLines * kLineBytes, lines, lane);
     if (stamps.published == 0) stamps.published = traceNow(g);
   }

@@ -20,7 +20,8 @@
 // Two buffer sets alternate between dispatches (the host picks the set); epochs count the calls
 // of each phase on the device, so a captured graph replays with fresh tags and flags. Before
 // writing into a slot of a peer's set, a sender waits until that receiver has finished reading the
-// slot's previous contents: each receiving warp says so per slot as soon as it has read the slot,
+// slot's previous contents: each receiving warp says so per slot as soon as it has read the slot
+// (a dispatch slot is read by a team of up to kLlReceiveTeamMax warps, each with a word of its own),
 // so that no kernel ends on a grid-wide count (the receive phase's epoch is counted at the
 // kernel's start). A dispatch slot's word lives in the sender's memory (its check, on every
 // token's path, is local; the receiver's store across NVLink is off its path), a combine part's in
@@ -39,6 +40,7 @@ namespace unifab::kernels::ep {
 constexpr int kLlPartValues = 7 * kScaleBlock;  // values per message part (one warp): whole lines in either dtype
 constexpr int kLlSets = 2;
 constexpr int kLlWarpsPerBlock = 16;  // a phase of a few hundred parts spreads over many SMs
+constexpr int kLlReceiveTeamMax = 4;  // warps that read one dispatch message together (ll.cu: receiveTeamShift)
 
 UNIFAB_HOST_DEVICE inline int llParts(int hidden) { return (hidden + kLlPartValues - 1) / kLlPartValues; }
 // A dispatch message travels as one run of flagged lines: first every part's values (FP8 or BF16,
@@ -73,7 +75,8 @@ UNIFAB_HOST_DEVICE constexpr int llCombinePartValues(int hidden, int p) {
 struct LlLayout {
   size_t released;      // uint64 words: the epoch of the last call whose data in a slot its reader
                         //   has finished reading; dispatch [kLlSets][nRanks (receiver)][maxTokens]
-                        //   for this rank's slots in each receiver, stored there by the receivers,
+                        //   [kLlReceiveTeamMax] for this rank's slots in each receiver, a word per
+                        //   warp of the receiving team, stored there by the receivers,
                         //   then combine [kLlSets][maxTokens][llCombineParts(hidden)] for the
                         //   partials sent to this rank, stored by this rank, read by the senders
   size_t setBase;
