@@ -166,12 +166,14 @@ enum TracePoint : int {
   kTraceLlDispatchSent,       // each sending warp: its last item (part or bitmap word) done
   kTraceLlDispatchLinesIn,    // each receiving warp: its first message's lines all in
   kTraceLlDispatchReceived,   // each receiving warp: its last message copied
+  kTraceLlDispatchRouted,     // each receiving warp: its first message's bitmap word and cleared counts seen
   kTraceLlCombineStarted,
   kTraceLlCombineLoaded,      // each sending warp: its first item's expert rows summed
   kTraceLlCombineStored,      // each sending warp: its first part's lines stored
   kTraceLlCombineSent,        // each sending warp: its last part's lines stored
   kTraceLlCombineLinesIn,     // each receiving warp: its first token's first partials all in
   kTraceLlCombineReceived,
+  kTraceLlCombineFree,        // each sending warp: its first partial's slot seen released
   kTracePoints
 };
 constexpr int kTraceCalls = 256;

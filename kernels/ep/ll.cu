@@ -108,10 +108,12 @@ __device__ __forceinline__ void touchParameterLines(const LlView& g, int inputFi
 // Tracing (UNIFAB_EP_TRACE): lane 0 of each warp keeps the global timer at each of its points
 // (0: not reached) and records them all after its work; block 0 stamps the kernel's start.
 // `published`: the dispatch's last part's lines stored, the combine's first part's lines stored;
-// `arrived`: the dispatch's first message's lines all in, the combine's first partials' lines in.
+// `arrived`: the dispatch's first message's lines all in, the combine's first partials' lines in;
+// `awaited`: the dispatch's first message's routing (bitmap word, cleared counts) seen, the
+// combine's first partial's slot seen released.
 // Stamps keep the timer's low 32 bits (differences within a call are far below 4 s).
 struct LlWarpStamps {
-  uint32_t started = 0, loaded = 0, published = 0, sent = 0, arrived = 0, received = 0;
+  uint32_t started = 0, loaded = 0, published = 0, sent = 0, arrived = 0, received = 0, awaited = 0;
 };
 
 __device__ __forceinline__ uint32_t traceNow(const LlView& g) {
@@ -146,8 +148,8 @@ __device__ __forceinline__ void traceKernelStart(const LlView& g) {
 __device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, uint64_t epoch, const LlWarpStamps& t) {
   if (g.trace == nullptr || threadIdx.x % kWarp != 0) return;
   const uint32_t start = static_cast<uint32_t>(*reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart));
-  const uint32_t at[] = {t.started, t.loaded, t.published, t.sent, t.arrived, t.received};
-  for (int i = 0; i < 6; ++i) {
+  const uint32_t at[] = {t.started, t.loaded, t.published, t.sent, t.arrived, t.received, t.awaited};
+  for (int i = 0; i < 7; ++i) {
     // A warp that gets here before block 0 stamped this call's start reads the previous call's
     // start (an inflated time; tracing is a diagnostic), or a wrapped difference, left out.
     if (at[i] != 0 && at[i] - start < (1u << 31)) {
@@ -673,6 +675,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       return;
     }
     countsCleared = true;
+    if (stamps.awaited == 0) stamps.awaited = traceNow(g);
     // Lane k < topk: the row of the message's k-th expert if it is ours (-1 otherwise), handed out
     // from the header, which the first chunk's poll holds (a later chunk's leaves it undefined). The
     // message's local experts are dealt over the team in top-k order: each member hands out and
@@ -922,6 +925,7 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     run.stage(staging, payloadBytes, e.send, lane);
     // Rank s's part p of token t, free once s has read what this rank last wrote there.
     if (!warpAll(released<1>(g, combineReleased(g, s, set, t, p), e.lastUse, seen))) return;
+    if (stamps.awaited == 0) stamps.awaited = traceNow(g);
     run.store(partialAt(g, s, set, g.rank, t) + static_cast<size_t>(p) * kLlCombinePartLines * kLineBytes, lines, lane);
     if (stamps.published == 0) stamps.published = traceNow(g);
   }

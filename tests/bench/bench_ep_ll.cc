@@ -27,6 +27,7 @@ namespace {
 struct LlRun {
   std::vector<int> tokens;
   int hidden, topk, experts, sms, iters, warmup;
+  int maxTokens;  // the group's maxTokensPerRank (0: the largest of `tokens`)
   size_t flushBytes;  // written before each timed call (0: caches left warm, the calls still aligned)
   bool fp8;
   bool programmatic;  // unifabEpConfig_t::programmaticLaunch
@@ -46,8 +47,9 @@ struct LlRow {
 bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
   test::NcclSession session;
   if (!session.init(env)) return false;
+  const int largest = *std::max_element(run.tokens.begin(), run.tokens.end());
   const test::ep::Shape shape = test::ep::makeShape(env.nRanks, run.experts, run.hidden, run.topk,
-                                                    *std::max_element(run.tokens.begin(), run.tokens.end()));
+                                                    run.maxTokens > 0 ? run.maxTokens : largest);
   unifabEpConfig_t config = test::ep::groupConfig(shape);
   config.mode = unifabEpLowLatency;
   config.programmaticLaunch = run.programmatic ? 1 : 0;
@@ -334,6 +336,7 @@ int runEpLowLatency(Args& args, const char* self) {
   run.topk = atoi(args.value("--topk", "8").c_str());
   run.experts = atoi(args.value("--experts", "256").c_str());
   run.sms = atoi(args.value("--sms", "0").c_str());
+  run.maxTokens = atoi(args.value("--max-tokens", "0").c_str());
   run.iters = atoi(args.value("--iters", "50").c_str());
   run.warmup = atoi(args.value("--warmup", "10").c_str());
   const long flushMib = atol(args.value("--flush-mib", "256").c_str());
@@ -352,12 +355,13 @@ int runEpLowLatency(Args& args, const char* self) {
     return 2;
   }
   bool tokensOk = !run.tokens.empty();
-  for (int t : run.tokens) tokensOk = tokensOk && t >= 1 && t <= 1024;
+  for (int t : run.tokens) tokensOk = tokensOk && t >= 1 && t <= (run.maxTokens > 0 ? run.maxTokens : 1024);
+  tokensOk = tokensOk && run.maxTokens >= 0 && run.maxTokens <= 1024;
   if ((dtype != "bf16" && dtype != "fp8") || !tokensOk || (kernelTimes != "0" && kernelTimes != "1") ||
       (programmatic != "0" && programmatic != "1") || flushMib < 0 ||
       flushMib > 4096) {
     fprintf(stderr,
-            "unifab-bench ep --mode ll: --dtype is bf16 or fp8 (got %s); --tokens is a list in 1..1024; --kernel-times"
+            "unifab-bench ep --mode ll: --dtype is bf16 or fp8 (got %s); --tokens is a list in 1..1024 (1..--max-tokens, itself at most 1024); --kernel-times"
             " is 0 or 1 (got %s); --programmatic is 0 or 1 (got %s); --flush-mib is in 0..4096 (got %ld)\n",
             dtype.c_str(), kernelTimes.c_str(), programmatic.c_str(), flushMib);
     return 2;
