@@ -213,7 +213,8 @@ __device__ __forceinline__ uint64_t loadReleased(const uint64_t* words) {
 }
 
 // Until `words` say their slot's readers have finished the call `lastUse` (`seen`: the words as
-// loaded earlier, usually already enough).
+// loaded earlier, usually already enough). The wait itself is out of line: it is rare, and each
+// of its callers would otherwise carry a copy of the polling loop in the dispatch's hot code.
 template <int kWords>
 __device__ __noinline__ bool waitReleased(const LlView& g, const uint64_t* words, uint64_t lastUse) {
   return waitUntil<true>(g, [&] { return loadReleased<kWords>(words) >= lastUse; });
@@ -238,7 +239,7 @@ __device__ __forceinline__ void releaseSlot(uint64_t* word, uint64_t epoch, int 
 // The release words a dispatch send warp needs (in this GPU's memory), loaded with its inputs
 // (every rank's before any is checked): `partSeen`, lane l's lowest word of slot (this rank, token
 // t) in ranks l, l + 32 (< nRanks); `bitsSeen`, lane i's lowest word of slot (this rank, 32 c + i)
-// in every rank.
+// in every rank, kLoadsInFlight ranks at a time (two 16-byte loads each: eight in flight).
 constexpr int kLoadsInFlight = 4;
 __device__ __forceinline__ uint64_t loadPartReleased(const LlView& g, int set, int t, int lane) {
   static_assert(kMaxRanks <= 2 * kWarp, "a lane covers at most two ranks");
