@@ -1,14 +1,16 @@
 #include "tests/bench/kernel_timer.h"
 
+#include "tests/bench/kernel_spans.h"
+
 #include <cstdio>
 #include <cstdlib>
 
 #ifdef UNIFAB_BENCH_HAS_CUPTI
 #include <cupti.h>
 
-#include <algorithm>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #endif
 
 namespace unifab::bench {
@@ -124,36 +126,19 @@ void KernelTimer::leave() {
 bool KernelTimer::end(uint64_t ids, std::vector<double>* spansUs) {
   const bool flushed = cuptiOk(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
   disableKinds();
-  std::vector<uint64_t> first(ids, UINT64_MAX), last(ids, 0);
   Recorded& r = recorded();
   std::lock_guard<std::mutex> lock(r.mutex);
   const size_t kernelRecords = r.kernels.size(), correlationRecords = r.externalIds.size();
-  // A kernel counts from when the kernels before it in its stream have ended, if that is after its
-  // start: a programmatic dependent launch starts during its predecessor and first waits for it.
-  std::sort(r.kernels.begin(), r.kernels.end(),
-            [](const KernelRecord& a, const KernelRecord& b) { return a.startNs < b.startNs; });
-  std::unordered_map<uint32_t, uint64_t> streamEnd;  // latest end so far of each stream's kernels
+  std::vector<RecordedKernel> kernels;
+  kernels.reserve(r.kernels.size());
   for (const KernelRecord& k : r.kernels) {
-    // A forced flush can hand over a record of a kernel not yet finished (its times 0).
-    if (k.startNs == 0 || k.endNs <= k.startNs) continue;
-    uint64_t& before = streamEnd[k.stream];
-    const uint64_t startNs = std::max(k.startNs, before);
-    before = std::max(before, k.endNs);
     const auto it = r.externalIds.find(k.correlation);
-    if (it == r.externalIds.end() || it->second == 0 || it->second > ids) continue;  // not an operation's kernel
-    const uint64_t i = it->second - 1;
-    first[i] = std::min(first[i], startNs);
-    last[i] = std::max(last[i], k.endNs);
+    kernels.push_back({it != r.externalIds.end() ? it->second : 0, k.stream, k.startNs, k.endNs});
   }
   r.kernels.clear();
   r.externalIds.clear();
   if (!flushed || !r.failure.empty()) return false;
-  spansUs->assign(ids, 0.0);
-  uint64_t empty = 0;
-  for (uint64_t i = 0; i < ids; ++i) {
-    if (last[i] > first[i]) (*spansUs)[i] = static_cast<double>(last[i] - first[i]) / 1e3;
-    else ++empty;
-  }
+  const uint64_t empty = operationSpansUs(std::move(kernels), ids, spansUs);
   if (empty != 0) {
     fprintf(stderr, "unifab-bench: kernel times: %llu of %llu calls without recorded kernels (%zu kernel records, %zu"
             " correlation records)\n", static_cast<unsigned long long>(empty), static_cast<unsigned long long>(ids),
