@@ -76,6 +76,15 @@ if [ $status -ne 0 ]; then tail -40 "$logs/build.log"; pack; exit 1; fi
 bench="$build/tests/bench/unifab-bench"
 failed=0
 
+# Which device-to-device copies stay off the SMs (the zero-SM operations depend on it); the pp
+# step runs it first, the copyroutes step alone (UNIFAB_COPYROUTES_ARGS replaces its arguments).
+copy_routes() {
+  local routes_args="${UNIFAB_COPYROUTES_ARGS:---bytes 256M --busy-ms 40}"
+  say "== unifab-bench copy-routes $routes_args: which copies stay off the SMs"
+  "$bench" copy-routes $routes_args >"$logs/copy-routes.txt" 2>&1 || failed=1
+  tee -a "$summary" <"$logs/copy-routes.txt"
+}
+
 # table DESCRIPTION LABEL...: per-size median over the repetitions of each label's runs.
 table() {
   python3 "$here/tests/bench/median_table.py" "$logs" "$@" | tee -a "$summary"
@@ -203,15 +212,9 @@ for step in $steps; do
     "$bench" ep --mode ll --tokens 1 --ops floor --iters 50 --warmup 10 >"$logs/ep-ll-floor.txt" 2>&1 || failed=1
     tee -a "$summary" <"$logs/ep-ll-floor.txt"
     ;;
-  copyroutes)
-    say "== unifab-bench copy-routes ${UNIFAB_COPYROUTES_ARGS:-}"
-    "$bench" copy-routes ${UNIFAB_COPYROUTES_ARGS:---bytes 256M --busy-ms 40} >"$logs/copy-routes.txt" 2>&1 || failed=1
-    tee -a "$summary" <"$logs/copy-routes.txt"
-    ;;
+  copyroutes) copy_routes ;;
   pp)
-    say "== unifab-bench copy-routes: which copies stay off the SMs (the zero-SM operations depend on it)"
-    "$bench" copy-routes --bytes 256M --busy-ms 40 >"$logs/copy-routes.txt" 2>&1 || failed=1
-    tee -a "$summary" <"$logs/copy-routes.txt"
+    copy_routes
     say "== unifab-bench pp, rank 0 -> rank 1 (default engine: rendezvous)"
     "$bench" pp --min 4K --max 1G --factor 4 --iters 20 --warmup 3 --csv "$logs/pp.csv" >"$logs/pp.txt" 2>&1 || failed=1
     tee -a "$summary" <"$logs/pp.txt"

@@ -344,26 +344,29 @@ int runEpLowLatency(Args& args, const char* self) {
   run.fp8 = dtype == "fp8";
   run.csv = args.value("--csv", "");
   run.ops = args.value("--ops", "");
-  const std::string kernelTimes = args.value("--kernel-times", "1");
-  const std::string programmatic = args.value("--programmatic", "1");
-  run.programmatic = programmatic == "1";
-  run.kernelTimes = kernelTimes == "1";
+  // Options that are 0 or 1: false, naming the option, for anything else.
+  auto zeroOrOne = [&](const char* option, bool* value) {
+    const std::string text = args.value(option, "1");
+    *value = text == "1";
+    if (text == "0" || text == "1") return true;
+    fprintf(stderr, "unifab-bench ep --mode ll: %s is 0 or 1 (got %s)\n", option, text.c_str());
+    return false;
+  };
+  if (!zeroOrOne("--kernel-times", &run.kernelTimes) || !zeroOrOne("--programmatic", &run.programmatic)) return 2;
   std::string ranksText = args.value("--nranks", "0");
   if (!parseBackToBack(args, "ep --mode ll")) return 2;
   if (!args.leftovers().empty()) {
     fprintf(stderr, "unifab-bench ep --mode ll: unknown argument '%s'\n", args.leftovers()[0].c_str());
     return 2;
   }
-  bool tokensOk = !run.tokens.empty();
-  for (int t : run.tokens) tokensOk = tokensOk && t >= 1 && t <= (run.maxTokens > 0 ? run.maxTokens : 1024);
-  tokensOk = tokensOk && run.maxTokens >= 0 && run.maxTokens <= 1024;
-  if ((dtype != "bf16" && dtype != "fp8") || !tokensOk || (kernelTimes != "0" && kernelTimes != "1") ||
-      (programmatic != "0" && programmatic != "1") || flushMib < 0 ||
-      flushMib > 4096) {
+  const int tokenCap = run.maxTokens > 0 ? run.maxTokens : 1024;
+  bool tokensOk = !run.tokens.empty() && run.maxTokens >= 0 && run.maxTokens <= 1024;
+  for (int t : run.tokens) tokensOk = tokensOk && t >= 1 && t <= tokenCap;
+  if ((dtype != "bf16" && dtype != "fp8") || !tokensOk || flushMib < 0 || flushMib > 4096) {
     fprintf(stderr,
-            "unifab-bench ep --mode ll: --dtype is bf16 or fp8 (got %s); --tokens is a list in 1..1024 (1..--max-tokens, itself at most 1024); --kernel-times"
-            " is 0 or 1 (got %s); --programmatic is 0 or 1 (got %s); --flush-mib is in 0..4096 (got %ld)\n",
-            dtype.c_str(), kernelTimes.c_str(), programmatic.c_str(), flushMib);
+            "unifab-bench ep --mode ll: --dtype is bf16 or fp8 (got %s); --max-tokens is in 0..1024 and --tokens a list"
+            " in 1..--max-tokens (1024 when 0); --flush-mib is in 0..4096 (got %ld)\n",
+            dtype.c_str(), flushMib);
     return 2;
   }
   run.flushBytes = static_cast<size_t>(flushMib) << 20;

@@ -49,23 +49,27 @@ cudaError_t batchCopy(void* dst, const void* src, size_t bytes, cudaMemcpySrcAcc
   return copyBatch(&dst, &src, &bytes, 1, order, flags, stream);
 }
 
+// A driver API function by name (CUDA 12.0's version of it), or null where the driver lacks it.
+template <typename Function>
+Function driverFunction(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<Function>(fn);
+}
+
 // The two stream memory operations a zero-SM hand-over is made of, from the driver.
 struct MemOps {
   using Op = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
   Op wait = nullptr, write = nullptr;
   bool resolve() {
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    void* w = nullptr;
-    void* x = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &w, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess ||
-        cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &x, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      return false;
-    }
-    wait = reinterpret_cast<Op>(w);
-    write = reinterpret_cast<Op>(x);
-    return true;
+    wait = driverFunction<Op>("cuStreamWaitValue64");
+    write = driverFunction<Op>("cuStreamWriteValue64");
+    return wait != nullptr && write != nullptr;
   }
 };
 
@@ -504,26 +508,16 @@ bool measureStreamCopyRates(char* dst, const char* src, size_t bytes, Timer& tim
 // windows, which Engram's copies read), readable and writable by GPUs 0 and 1; null when the
 // driver lacks the API. The batch call's host cost per copy may depend on how memory was made.
 char* vmmAlloc(int owner, size_t bytes, int gpus) {
-  auto resolve = [](const char* name) -> void* {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    return fn;
-  };
   using Granularity = CUresult(CUDAAPI*)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags);
   using Create = CUresult(CUDAAPI*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
   using Reserve = CUresult(CUDAAPI*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
   using Map = CUresult(CUDAAPI*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
   using SetAccess = CUresult(CUDAAPI*)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
-  auto granularity = reinterpret_cast<Granularity>(resolve("cuMemGetAllocationGranularity"));
-  auto create = reinterpret_cast<Create>(resolve("cuMemCreate"));
-  auto reserve = reinterpret_cast<Reserve>(resolve("cuMemAddressReserve"));
-  auto map = reinterpret_cast<Map>(resolve("cuMemMap"));
-  auto setAccess = reinterpret_cast<SetAccess>(resolve("cuMemSetAccess"));
+  auto granularity = driverFunction<Granularity>("cuMemGetAllocationGranularity");
+  auto create = driverFunction<Create>("cuMemCreate");
+  auto reserve = driverFunction<Reserve>("cuMemAddressReserve");
+  auto map = driverFunction<Map>("cuMemMap");
+  auto setAccess = driverFunction<SetAccess>("cuMemSetAccess");
   if (granularity == nullptr || create == nullptr || reserve == nullptr || map == nullptr || setAccess == nullptr) {
     return nullptr;
   }
