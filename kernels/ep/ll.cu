@@ -28,7 +28,8 @@ constexpr float kFp8Max = 448.0f;                             // largest finite 
 constexpr float kMinAmax = 1e-4f;                             // an all-zero block still gets a finite scale
 constexpr int kPartGroups = kLlCombinePartLines / kLinesPerGroup;  // of a combine partial's part
 static_assert(kLlCombinePartLines % kLinesPerGroup == 0, "a partial's part is whole line groups");
-static_assert(kLlCombinePartValues / 8 <= kVectorsPerLane * kWarp, "a warp's vectors cover a partial's part");
+constexpr int kCombineVectorsPerLane = (kLlCombinePartValues / 8 + kWarp - 1) / kWarp;  // of a partial's part
+constexpr int kCombineRowsInFlight = 4;  // expert rows a combining warp loads at once
 // A combining warp's staging buffer in shared memory: the BF16 part of the partial it sends.
 constexpr int kPartStagingBytes = kLlCombinePartLines * kLinePayloadBytes;
 
@@ -809,58 +810,50 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
 
 // ---- combine ----------------------------------------------------------------------------------
 
-// One warp's FP32 sum of a part (up to kVectorsPerLane 16-byte vectors per lane) of this GPU's BF16
-// expert rows, added one row at a time in the caller's order: every row's vectors are loaded before
-// any is added.
+// One warp's FP32 sum of a part (up to kCombineVectorsPerLane 16-byte vectors per lane) of this
+// GPU's BF16 expert rows, added one row at a time in the caller's order: every row of a batch is
+// loaded before any is added.
 struct PartSum {
-  float acc[kVectorsPerLane][8];
+  float acc[kCombineVectorsPerLane][8];
   int partVectors;  // 16-byte vectors in this part (the last part of a row may be short)
   int lane;
 
   __device__ PartSum(int vectors, int laneIndex) : partVectors(vectors), lane(laneIndex) {
 #pragma unroll
-    for (int i = 0; i < kVectorsPerLane; ++i) {
+    for (int i = 0; i < kCombineVectorsPerLane; ++i) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
     }
   }
 
-  __device__ void load(const int4* row, int4* loaded) const {
+  // acc = fma(weight[r], row r, acc) when weighted, acc + row r otherwise, for the first `count`
+  // of `rows` in order, all their loads in flight together.
+  __device__ void add(const int4* const (&rows)[kCombineRowsInFlight], const float (&weights)[kCombineRowsInFlight],
+                      int count, bool weighted) {
+    int4 loaded[kCombineRowsInFlight][kCombineVectorsPerLane];
 #pragma unroll
-    for (int i = 0; i < kVectorsPerLane; ++i) {
-      loaded[i] = i * kWarp + lane < partVectors ? __ldg(row + i * kWarp + lane) : int4{0, 0, 0, 0};
+    for (int r = 0; r < kCombineRowsInFlight; ++r) {
+#pragma unroll
+      for (int i = 0; i < kCombineVectorsPerLane; ++i) {
+        loaded[r][i] = r < count && i * kWarp + lane < partVectors ? __ldg(rows[r] + i * kWarp + lane) : int4{0, 0, 0, 0};
+      }
     }
-  }
-
-  __device__ void accumulate(const int4* loaded, bool weighted, float weight) {
 #pragma unroll
-    for (int i = 0; i < kVectorsPerLane; ++i) {
-      float f[8];
-      bf16x8ToFloat(loaded[i], f);
+    for (int r = 0; r < kCombineRowsInFlight; ++r) {
+      if (r >= count) break;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[i][j] = weighted ? __fmaf_rn(weight, f[j], acc[i][j]) : __fadd_rn(acc[i][j], f[j]);
+      for (int i = 0; i < kCombineVectorsPerLane; ++i) {
+        float f[8];
+        bf16x8ToFloat(loaded[r][i], f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = weighted ? __fmaf_rn(weights[r], f[j], acc[i][j]) : __fadd_rn(acc[i][j], f[j]);
+      }
     }
-  }
-
-  // acc = fma(weight, row, acc) when weighted, acc + row otherwise.
-  __device__ void add(const int4* row, bool weighted, float weight) {
-    int4 loaded[kVectorsPerLane];
-    load(row, loaded);
-    accumulate(loaded, weighted, weight);
-  }
-
-  // The same for two rows, first then second, with both rows' loads in flight together.
-  __device__ void add2(const int4* first, float firstWeight, const int4* second, float secondWeight, bool weighted) {
-    int4 a[kVectorsPerLane], b[kVectorsPerLane];
-    load(first, a);
-    load(second, b);
-    accumulate(a, weighted, firstWeight);
-    accumulate(b, weighted, secondWeight);
   }
 
   __device__ void store(int4* out) const {
 #pragma unroll
-    for (int i = 0; i < kVectorsPerLane; ++i) {
+    for (int i = 0; i < kCombineVectorsPerLane; ++i) {
       if (i * kWarp + lane < partVectors) out[i * kWarp + lane] = floatToBf16x8(acc[i]);
     }
   }
@@ -898,22 +891,24 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     const uint64_t seen = item == warp ? firstSeen : loadRelaxed(combineReleased(g, s, set, t, p));
     const int firstVector = p * kLlCombinePartValues / 8;
     PartSum sum(min(kLlCombinePartValues, g.hidden - p * kLlCombinePartValues) / 8, lane);
-    // Top-k slot order: the sum's order is fixed. Two rows' loads at a time.
-    const int4* outputs = static_cast<const int4*>(in.expertOutput) + firstVector;
+    // Top-k slot order: the sum's order is fixed. kCombineRowsInFlight rows' loads at a time.
+    const int4* rowPart = static_cast<const int4*>(in.expertOutput) + firstVector + static_cast<size_t>(max(row, 0)) * vectors;
     for (unsigned m = rows; m != 0;) {
-      const int k = __ffs(m) - 1;
-      m &= m - 1;
-      const size_t r = static_cast<size_t>(__shfl_sync(0xffffffff, row, k));
-      const float w = __shfl_sync(0xffffffff, weight, k);
-      if (m == 0) {
-        sum.add(outputs + r * vectors, in.weighted, w);
-        break;
+      const int4* batch[kCombineRowsInFlight];
+      float weights[kCombineRowsInFlight];
+      int count = 0;
+#pragma unroll
+      for (int r = 0; r < kCombineRowsInFlight; ++r) {
+        batch[r] = nullptr;
+        weights[r] = 0.0f;
+        if (m == 0) continue;
+        const int k = __ffs(m) - 1;
+        m &= m - 1;
+        batch[r] = reinterpret_cast<const int4*>(__shfl_sync(0xffffffff, reinterpret_cast<unsigned long long>(rowPart), k));
+        weights[r] = __shfl_sync(0xffffffff, weight, k);
+        count = r + 1;
       }
-      const int k2 = __ffs(m) - 1;
-      m &= m - 1;
-      const size_t r2 = static_cast<size_t>(__shfl_sync(0xffffffff, row, k2));
-      const float w2 = __shfl_sync(0xffffffff, weight, k2);
-      sum.add2(outputs + r * vectors, w, outputs + r2 * vectors, w2, in.weighted);
+      sum.add(batch, weights, count, in.weighted);
     }
     if (stamps.loaded == 0) stamps.loaded = traceNowAfter(g, __float_as_uint(sum.acc[0][0]));
     // The partial through the warp's staging buffer into lines.

@@ -61,7 +61,9 @@ static_assert(kLlPartValues % kScaleBlock == 0 && kLlPartValues / kScaleBlock <=
 static_assert(kLlPartValues % kLinePayloadBytes == 0, "a part's FP8 values fill whole lines");
 
 // Values per part of a combine partial (one warp): its BF16 payload fills kLlCombinePartLines lines.
-constexpr int kLlCombinePartValues = 7 * kScaleBlock;
+// Half a dispatch part: a combining warp's path per expert row is what a 1-token combine waits
+// for, so a part is made small enough for two vectors a lane and four rows' loads in flight.
+constexpr int kLlCombinePartValues = 7 * kScaleBlock / 2;
 constexpr int kLlCombinePartLines = linesFor(kLlCombinePartValues * 2);
 static_assert(kLlCombinePartValues * 2 % kLinePayloadBytes == 0, "a partial's part fills whole lines");
 UNIFAB_HOST_DEVICE constexpr int llCombineParts(int hidden) { return (hidden + kLlCombinePartValues - 1) / kLlCombinePartValues; }
