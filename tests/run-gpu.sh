@@ -457,13 +457,15 @@ for step in $steps; do
     # each other), but each run bounded by UNIFAB_SANITIZE_LIMIT_S (default 150 s; a run takes
     # 20-60 s) so that a hang under a tool cannot spend the whole device call.
     limit="${UNIFAB_SANITIZE_LIMIT_S:-150}"
+    # Two ranks where there are two GPUs; on a one-GPU machine one rank, whose group sends to itself.
+    ranks=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$ranks" -gt 2 ] && ranks=2; [ "$ranks" -lt 1 ] && ranks=1
     for test in ${UNIFAB_SANITIZE_TESTS:-ht ll}; do
       for tool in memcheck racecheck; do
-        say "== compute-sanitizer --tool $tool, EP $test test, 2 ranks, --quick"
+        say "== compute-sanitizer --tool $tool, EP $test test, $ranks rank(s), --quick"
         started=$(date +%s)
         UNIFAB_EP_TIMEOUT_MS=$(( limit * 1000 / 2 )) timeout -k 10 "$limit" \
           compute-sanitizer --tool $tool --target-processes all --report-api-errors no --error-exitcode 9 \
-          "$build/tests/unifab-launch" -n 2 -t "$limit" -- "$build/tests/gpu/unifab_gpu_ep_$test" --quick --iterations 3 --replays 1 \
+          "$build/tests/unifab-launch" -n "$ranks" -t "$limit" -- "$build/tests/gpu/unifab_gpu_ep_$test" --quick --iterations 3 --replays 1 \
           >"$logs/sanitize-$test-$tool.txt" 2>&1
         rc=$?
         [ $rc -ne 0 ] && failed=1
