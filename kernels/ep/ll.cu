@@ -660,8 +660,18 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     const int s = n % g.nRanks, t = n / g.nRanks;
     const int slot = s * g.maxTokens + t;
     const uint64_t* bitsWord = tokenBits + static_cast<size_t>(s) * g.layout.bitWords + t / kWarp;
+    // The bitmap word and, until seen, the counts cleared by this rank's send phase, both loaded in
+    // one round trip a poll (the acquire last: it orders only what follows). A message's rows are
+    // handed out once both are seen; the counts loaded only after the word took a round trip of its
+    // own on the 1-token path.
     uint64_t word = 0;
-    if (!warpAll(waitUntil<true>(g, [&] { return countWordIsFrom(word = loadRelaxed(bitsWord), epoch); }))) return;
+    if (!warpAll(waitUntil<true>(g, [&] {
+          word = loadRelaxed(bitsWord);
+          if (!countsCleared) countsCleared = loadAcquireGpu(&g.counters->countsCleared[set]) == epoch;
+          return countWordIsFrom(word, epoch) && (countsCleared || ((static_cast<unsigned>(countOf(word)) >> (t % kWarp)) & 1u) == 0);
+        }))) {
+      return;
+    }
     int* rowOf = local.rowOf + static_cast<size_t>(slot) * g.topk;
     uint64_t* slotReleased = dispatchReleased(g, s, set, g.rank, t);  // in the sender's memory
     if (((static_cast<unsigned>(countOf(word)) >> (t % kWarp)) & 1u) == 0) {
@@ -672,11 +682,6 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       continue;
     }
     const int4* lanePiece = reinterpret_cast<const int4*>(messageAt(g, g.rank, set, s, t) + laneLine * kLineBytes + lane % 8 * 16);
-    // The counts cleared by this rank's send phase (long before the lines come, as a rule).
-    if (!warpAll(countsCleared || waitUntil<true>(g, [&] { return loadAcquireGpu(&g.counters->countsCleared[set]) == epoch; }))) {
-      return;
-    }
-    countsCleared = true;
     if (stamps.awaited == 0) stamps.awaited = traceNow(g);
     // Lane k < topk: the row of the message's k-th expert if it is ours (-1 otherwise), handed out
     // from the header, which the first chunk's poll holds (a later chunk's leaves it undefined). The
