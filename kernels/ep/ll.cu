@@ -896,7 +896,8 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     const uint64_t seen = item == warp ? firstSeen : loadRelaxed(combineReleased(g, s, set, t, p));
     const int firstVector = p * kLlCombinePartValues / 8;
     PartSum sum(min(kLlCombinePartValues, g.hidden - p * kLlCombinePartValues) / 8, lane);
-    // Top-k slot order: the sum's order is fixed. kCombineRowsInFlight rows' loads at a time.
+    // Top-k slot order: the sum's order is fixed. kCombineRowsInFlight rows' loads at a time; each
+    // lane computes its own row's address once, and a batch takes the addresses by shuffle.
     const int4* rowPart = static_cast<const int4*>(in.expertOutput) + firstVector + static_cast<size_t>(max(row, 0)) * vectors;
     for (unsigned m = rows; m != 0;) {
       const int4* batch[kCombineRowsInFlight];
