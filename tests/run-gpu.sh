@@ -14,7 +14,6 @@
 # UNIFAB_COPYROUTES_ARGS / UNIFAB_ENGRAM_ARGS replace the copyroutes / engram steps' arguments;
 # UNIFAB_LLTRACE_TOKENS (default "1 128") and UNIFAB_LLTRACE_DTYPE (default fp8) set the lltrace step's runs,
 # UNIFAB_LLTRACE_ARGS adds bench arguments to them (e.g. "--flush-mib 0": warm caches);
-# (the build carries line info for the profilers: -lineinfo changes no code)
 # llncu samples, with Nsight Compute, where the warps of one LL kernel (UNIFAB_LLNCU_KERNEL, default
 # llDispatchKernel) stall, per SASS instruction, on one GPU (UNIFAB_LLNCU_TOKENS tokens, default 1);
 # ab measures the working tree against itself with UNIFAB_AB_PATCH (default ab.patch; or several
@@ -66,9 +65,15 @@ export NCCL_SOCKET_IFNAME=lo UNIFAB_SOCKET_IFNAME=lo
   echo "NCCL_HOME=${NCCL_HOME:-unset}, $(nproc) cores"
 } 2>&1 | tee -a "$summary"
 
+# configure SOURCE BUILD: the device build's configuration, for this tree and the ab step's
+# baselines alike (line info for the profilers: -lineinfo changes no code).
+configure() {
+  cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_FLAGS=-lineinfo \
+    ${NCCL_HOME:+-DNCCL_HOME="$NCCL_HOME"}
+}
+
 start=$(date +%s)
-cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_FLAGS=-lineinfo \
-  ${NCCL_HOME:+-DNCCL_HOME="$NCCL_HOME"} >"$logs/build.log" 2>&1 &&
+configure "$here" "$build" >"$logs/build.log" 2>&1 &&
   cmake --build "$build" -j "$(nproc)" >>"$logs/build.log" 2>&1
 status=$?
 say "build: exit $status in $(( $(date +%s) - start )) s; $(grep -E -o 'NCCL [0-9.]+ \(code [0-9]+\) from [^:]*' "$logs/build.log")"
@@ -521,8 +526,7 @@ for step in $steps; do
     jobs_each=$(( $(nproc) / (${#prepared[@]} > 0 ? ${#prepared[@]} : 1) )); [ "$jobs_each" -lt 2 ] && jobs_each=2
     for name in "${prepared[@]}"; do
       base_src="/tmp/unifab-ab-$name"
-      { cmake -S "$base_src" -B "$base_src/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_FLAGS=-lineinfo \
-          ${NCCL_HOME:+-DNCCL_HOME="$NCCL_HOME"} &&
+      { configure "$base_src" "$base_src/build" &&
           cmake --build "$base_src/build" -j "$jobs_each" ${ab_targets[@]+"${ab_targets[@]}"}; } >"$logs/ab-build-$name.log" 2>&1 &
     done
     wait
