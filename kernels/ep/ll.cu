@@ -118,6 +118,26 @@ __device__ __forceinline__ void touchParameterLines(const LlView& g, int inputFi
 struct LlWarpStamps {
   uint32_t started = 0, loaded = 0, published = 0, sent = 0, arrived = 0, received = 0, awaited = 0;
 };
+// The dispatch's further points (after LlWarpStamps' seven), kept in shared memory: in registers
+// they would spill in the dispatch (at its 128).
+enum LlExtraStamp { kIdsIn, kValuesIn, kMaskIn, kWordStored, kHandedOut, kExtraStamps };
+__device__ __forceinline__ uint32_t* extraStamps() {
+  __shared__ uint32_t stamps[kWarps][kExtraStamps];
+  return stamps[threadIdx.x / kWarp];
+}
+__device__ __forceinline__ void clearExtraStamps(const LlView& g) {
+  if (g.trace != nullptr && threadIdx.x % kWarp < kExtraStamps) extraStamps()[threadIdx.x % kWarp] = 0;
+}
+template <typename Now>
+__device__ __forceinline__ void stampOnce(const LlView& g, LlExtraStamp which, Now now) {
+  if (g.trace == nullptr) return;
+  uint32_t* slot = extraStamps() + which;
+  if (*slot == 0) {
+    const uint32_t at = now();
+    __syncwarp();
+    *slot = at;
+  }
+}
 
 __device__ __forceinline__ uint32_t traceNow(const LlView& g) {
   return g.trace != nullptr ? static_cast<uint32_t>(globalTimerNs()) | 1u : 0;  // never 0 when taken
@@ -148,11 +168,13 @@ __device__ __forceinline__ void traceKernelStart(const LlView& g) {
 }
 
 // `first` is the operation's kTraceLl*Started; the warp's points follow it in LlWarpStamps' order.
-__device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, uint64_t epoch, const LlWarpStamps& t) {
+__device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, int points, uint64_t epoch, const LlWarpStamps& t) {
   if (g.trace == nullptr || threadIdx.x % kWarp != 0) return;
   const uint32_t start = static_cast<uint32_t>(*reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart));
-  const uint32_t at[] = {t.started, t.loaded, t.published, t.sent, t.arrived, t.received, t.awaited};
-  for (int i = 0; i < 7; ++i) {
+  const uint32_t* extra = extraStamps();
+  const uint32_t at[] = {t.started, t.loaded, t.published, t.sent, t.arrived, t.received, t.awaited,
+                         extra[kIdsIn], extra[kValuesIn], extra[kMaskIn], extra[kWordStored], extra[kHandedOut]};
+  for (int i = 0; i < points; ++i) {
     // A warp that gets here before block 0 stamped this call's start reads the previous call's
     // start (an inflated time; tracing is a diagnostic), or a wrapped difference, left out.
     if (at[i] != 0 && at[i] - start < (1u << 31)) {
@@ -455,6 +477,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     const int partValues = min(kLlPartValues, g.hidden - first);
     const int id = validExpert(g, part.id, lane);
     const uint64_t ranks = ranksOf(g, id);
+    stampOnce(g, kIdsIn, [&] { return traceNowAfter(g, static_cast<uint32_t>(ranks)); });
     if (ranks == 0) continue;
     if (!slotFree(t, ranks, seen)) return;
     const int dataLines = llDataLines(in.fp8);
@@ -462,6 +485,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     // Part 0 sends the header lines first, before its values are cast, so that the receiver hands
     // out the token's rows while the values are on their way.
     if (p == 0) storeHeaderLines(g, set, t, ranks, headerAt, id, part.weight, e.send, lane);
+    stampOnce(g, kValuesIn, [&] { return traceNowAfter(g, part.raw[0].x + part.raw[kVectorsPerLane - 1].w); });
     uint2 quantized[kVectorsPerLane];
     float scale[kVectorsPerLane];
     if (in.fp8) {
@@ -527,6 +551,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     // A later word's release words are loaded with its token's entries.
     const uint64_t seen = c == preloadedWord ? bitsSeen : loadBitsReleased(g, set, c, lane);
     const uint64_t mask = c == preloadedWord ? bitmapMask : tokenRankMask(g, in, t);
+    stampOnce(g, kMaskIn, [&] { return traceNowAfter(g, __reduce_or_sync(0xffffffff, static_cast<unsigned>(mask))); });
     if (t < g.maxTokens) local.tokenRanks[t] = mask;
     if (!bitsFree(c, seen)) return;
     for (int d = 0; d < g.nRanks; ++d) {
@@ -536,6 +561,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
         storeRelaxed(word, countWord(e.send, static_cast<int>(bits)));
       }
     }
+    stampOnce(g, kWordStored, [&] { return traceNowIssued(g); });
   }
   clearCounts();
 }
@@ -707,7 +733,13 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       if (member == 0 && lane < g.topk) local.weightOf[static_cast<size_t>(slot) * g.topk + lane] = weight;
       return __any_sync(0xffffffff, mine);
     };
-    if (!poll(lanePiece, 0, true, handOut)) return;
+    if (!poll(lanePiece, 0, true, [&] {
+          const bool mine = handOut();
+          stampOnce(g, kHandedOut, [&] { return traceNowAfter(g, __reduce_or_sync(0xffffffff, static_cast<unsigned>(row))); });
+          return mine;
+        })) {
+      return;
+    }
     if (stamps.arrived == 0) stamps.arrived = traceNow(g);
     const unsigned targets = __ballot_sync(0xffffffff, row >= 0);
     for (int q0 = 0; targets != 0 && q0 < groups; q0 += kReceiveGroupsPerLane) {
@@ -783,6 +815,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
   LlOpCounters* counters = &g.counters->dispatch;
   traceKernelStart(g);
   LlWarpStamps stamps;
+  clearExtraStamps(g);
   __shared__ uint64_t startWords[4];
   // Per warp: the part stream it sends, then the scales of the rows it receives.
   __shared__ alignas(16) char partStreams[kWarps][kPartStreamBytes];
@@ -812,7 +845,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
     dispatchReceive(g, in, set, e.receive, reinterpret_cast<float*>(partStreams[threadIdx.x / kWarp]),
                     send ? messageItems + g.layout.bitWords : 0, stamps);
   }
-  traceWarp(g, kTraceLlDispatchStarted, send ? e.send : e.receive, stamps);
+  traceWarp(g, kTraceLlDispatchStarted, 12, send ? e.send : e.receive, stamps);
 }
 
 // ---- combine ----------------------------------------------------------------------------------
@@ -1041,7 +1074,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
     sendCounted(g, counters, set, e.send);
   }
   if (receive) combineReceive(g, in, set, e.receive, receiveWarp, warps, firstRanks, stamps);
-  traceWarp(g, kTraceLlCombineStarted, send ? e.send : e.receive, stamps);
+  traceWarp(g, kTraceLlCombineStarted, 7, send ? e.send : e.receive, stamps);
 }
 
 // Both kernels start with the parameter reads alone, then wait for the stream's previous kernel
