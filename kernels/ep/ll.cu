@@ -641,34 +641,47 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
   };
   int4 v[kReceiveGroupsPerLane];
   int4 header;
-  // Loads groups q0 .. q0 + kReceiveGroupsPerLane - 1 (and the header lines) until every line
-  // carries the epoch: false in every lane on timeout or after another wait of the group timed out.
-  // With `withHeader`, the header lines too, and `handOut()` runs once, at the first poll that finds
-  // them flagged: part 0 sends them before any values, so that the rows are handed out while the
-  // values are on their way (a message that has landed whole still takes one round trip).
-  auto poll = [&](const int4* lanePiece, int q0, bool withHeader, auto handOut) {
-    const bool headerLane = withHeader && laneLine < headerLines;
-    bool headerSeen = !withHeader;
+  // Loads groups q0 .. q0 + kReceiveGroupsPerLane - 1 until every line carries the epoch: false in
+  // every lane on timeout or after another wait of the group timed out.
+  auto poll = [&](const int4* lanePiece, int q0) {
     WarpDeadline deadline;
     for (unsigned polls = 0;; ++polls) {
 #pragma unroll
       for (int i = 0; i < kReceiveGroupsPerLane; ++i) loadPieceIf(q0 + i < groups, lanePiece + (q0 + i) * kGroupPieces, v[i]);
-      loadPieceIf(headerLane, lanePiece + groups * kGroupPieces, header);
-      bool values = true, headerFlagged = true;
+      bool values = true;
       if (flagLane) {
 #pragma unroll
         for (int i = 0; i < kReceiveGroupsPerLane; ++i) values = values && (q0 + i >= groups || flagOf(v[i]) == epoch);
-        headerFlagged = !headerLane || flagOf(header) == epoch;
       }
-      if (!headerSeen && __all_sync(0xffffffff, headerFlagged)) {
-        if (!handOut()) return true;  // none of the message's rows is this warp's to store
-        headerSeen = true;
-      }
-      if (headerSeen && __all_sync(0xffffffff, values)) return true;
+      if (__all_sync(0xffffffff, values)) return true;
       if (deadline.expired(bounds(g), kErrorTimeout, polls, lane)) return false;
     }
   };
-  const auto nothing = [] { return true; };
+  // What a slot holds this call, from one poll loop over its bitmap word, its header lines (part 0
+  // sends them before any values) and, until seen, the counts cleared by this rank's send phase
+  // (the acquire last: it orders only the row atomics that follow): no message (the word says so),
+  // a message (its header lines carry the epoch and the counts are cleared, whatever the word), or
+  // a failed wait. When the header was polled only once the word had been seen, a 1-token message
+  // took one more round trip to its first rows (docs/benchmarks/ep-ll.md, twenty-fifth session).
+  enum SlotState { kNoMessage, kMessage, kWaitFailed };
+  bool countsCleared = false;
+  const bool headerLane = laneLine < headerLines;
+  auto awaitSlot = [&](const uint64_t* bitsWord, const int4* headerPiece, int t) {
+    WarpDeadline deadline;
+    unsigned pause = 32;
+    for (unsigned polls = 0;; ++polls) {
+      const uint64_t word = loadRelaxed(bitsWord);
+      loadPieceIf(headerLane, headerPiece, header);
+      if (!countsCleared) countsCleared = loadAcquireGpu(&g.counters->countsCleared[set]) == epoch;
+      const bool noMessage = countWordIsFrom(word, epoch) && ((static_cast<unsigned>(countOf(word)) >> (t % kWarp)) & 1u) == 0;
+      if (__all_sync(0xffffffff, noMessage)) return kNoMessage;
+      const bool flagged = !(headerLane && flagLane) || flagOf(header) == epoch;
+      if (__all_sync(0xffffffff, flagged && countsCleared)) return kMessage;
+      if (deadline.expired(bounds(g), kErrorTimeout, polls, lane)) return kWaitFailed;
+      __nanosleep(pause);
+      pause = min(pause * 2, 256u);
+    }
+  };
   // Header word k (byte 4 k: ids, then weights) from the lane that holds it; the whole warp calls.
   auto headerWord = [&](int k) {
     const int at = 4 * k;
@@ -678,7 +691,6 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     const int word = at % 16 / 4;
     return word == 0 ? x : word == 1 ? y : word == 2 ? z : w;
   };
-  bool countsCleared = false;
   // Team (k, b) (slot n = k gridDim + b, in token order) is warp k team + j of block b + j gridDim / team.
   const int blocks = static_cast<int>(gridDim.x);
   int home = static_cast<int>(blockIdx.x) - member * (blocks >> teamShift);
@@ -688,62 +700,45 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     const int s = n % g.nRanks, t = n / g.nRanks;
     const int slot = s * g.maxTokens + t;
     const uint64_t* bitsWord = tokenBits + static_cast<size_t>(s) * g.layout.bitWords + t / kWarp;
-    // The bitmap word and, until seen, the counts cleared by this rank's send phase, both loaded in
-    // one round trip a poll (the acquire last: it orders only what follows). A message's rows are
-    // handed out once both are seen; the counts loaded only after the word took a round trip of its
-    // own on the 1-token path.
-    uint64_t word = 0;
-    if (!warpAll(waitUntil<true>(g, [&] {
-          word = loadRelaxed(bitsWord);
-          if (!countsCleared) countsCleared = loadAcquireGpu(&g.counters->countsCleared[set]) == epoch;
-          return countWordIsFrom(word, epoch) && (countsCleared || ((static_cast<unsigned>(countOf(word)) >> (t % kWarp)) & 1u) == 0);
-        }))) {
-      return;
-    }
+    const int4* lanePiece = reinterpret_cast<const int4*>(messageAt(g, g.rank, set, s, t) + laneLine * kLineBytes + lane % 8 * 16);
+    const SlotState state = awaitSlot(bitsWord, lanePiece + groups * kGroupPieces, t);
+    if (state == kWaitFailed) return;
     int* rowOf = local.rowOf + static_cast<size_t>(slot) * g.topk;
     uint64_t* slotReleased = dispatchReleased(g, s, set, g.rank, t);  // in the sender's memory
-    if (((static_cast<unsigned>(countOf(word)) >> (t % kWarp)) & 1u) == 0) {
+    if (state == kNoMessage) {
       if (member == 0) {
         if (lane < g.topk) rowOf[lane] = -1;  // no message: combine skips the slot
         releaseSlotAsMember(slotReleased, epoch, lane, 0, 1);
       }
       continue;
     }
-    const int4* lanePiece = reinterpret_cast<const int4*>(messageAt(g, g.rank, set, s, t) + laneLine * kLineBytes + lane % 8 * 16);
     if (stamps.awaited == 0) stamps.awaited = traceNow(g);
     // Lane k < topk: the row of the message's k-th expert if it is ours (-1 otherwise), handed out
-    // from the header, which the first chunk's poll holds (a later chunk's leaves it undefined). The
-    // message's local experts are dealt over the team in top-k order: each member hands out and
-    // stores its own rows; member 0 also notes the weights and the experts that are not ours.
-    int row = -1;
-    const auto handOut = [&] {
-      const int k = lane < g.topk ? lane : 0;
-      const int id = headerWord(k);
-      const float weight = __int_as_float(headerWord(g.topk + k));
-      const bool ours = lane < g.topk && id >= firstExpert && id < firstExpert + g.numLocalExperts;
-      const unsigned oursMask = __ballot_sync(0xffffffff, ours);
-      const bool mine = ours && __popc(oursMask & ((1u << lane) - 1)) % team == member;
-      if (mine) {
-        const int e = id - firstExpert;
-        row = e * g.expertStride + atomicAdd(local.recvCount + e, 1);
-        local.recvSource[static_cast<size_t>(row) * 2] = s;
-        local.recvSource[static_cast<size_t>(row) * 2 + 1] = t;
-      }
-      if (mine || (member == 0 && lane < g.topk && !ours)) rowOf[lane] = row;
-      if (member == 0 && lane < g.topk) local.weightOf[static_cast<size_t>(slot) * g.topk + lane] = weight;
-      return __any_sync(0xffffffff, mine);
-    };
-    if (!poll(lanePiece, 0, true, [&] {
-          const bool mine = handOut();
-          stampOnce(g, kHandedOut, [&] { return traceNowAfter(g, __reduce_or_sync(0xffffffff, static_cast<unsigned>(row))); });
-          return mine;
-        })) {
-      return;
+    // from the header. The message's local experts are dealt over the team in top-k order: each
+    // member hands out and stores its own rows; member 0 also notes the weights and the experts
+    // that are not ours. The row atomics' answers are used only after the first chunk's poll, so
+    // that their round trip and the poll's overlap.
+    const int k = lane < g.topk ? lane : 0;
+    const int id = headerWord(k);
+    const float weight = __int_as_float(headerWord(g.topk + k));
+    const bool ours = lane < g.topk && id >= firstExpert && id < firstExpert + g.numLocalExperts;
+    const unsigned oursMask = __ballot_sync(0xffffffff, ours);
+    const bool mine = ours && __popc(oursMask & ((1u << lane) - 1)) % team == member;
+    const int e = mine ? id - firstExpert : 0;
+    const int claimed = mine ? atomicAdd(local.recvCount + e, 1) : 0;
+    const unsigned targets = __ballot_sync(0xffffffff, mine);
+    if (member == 0 && lane < g.topk) local.weightOf[static_cast<size_t>(slot) * g.topk + lane] = weight;
+    if (targets != 0 && !poll(lanePiece, 0)) return;
+    const int row = mine ? e * g.expertStride + claimed : -1;
+    if (mine) {
+      local.recvSource[static_cast<size_t>(row) * 2] = s;
+      local.recvSource[static_cast<size_t>(row) * 2 + 1] = t;
     }
-    if (stamps.arrived == 0) stamps.arrived = traceNow(g);
-    const unsigned targets = __ballot_sync(0xffffffff, row >= 0);
+    if (mine || (member == 0 && lane < g.topk && !ours)) rowOf[lane] = row;
+    stampOnce(g, kHandedOut, [&] { return traceNowAfter(g, __reduce_or_sync(0xffffffff, static_cast<unsigned>(row))); });
+    if (stamps.arrived == 0 && targets != 0) stamps.arrived = traceNow(g);
     for (int q0 = 0; targets != 0 && q0 < groups; q0 += kReceiveGroupsPerLane) {
-      if (q0 != 0 && !poll(lanePiece, q0, false, nothing)) return;
+      if (q0 != 0 && !poll(lanePiece, q0)) return;
       // The chunk's FP8 scales, from the flag pieces of its lines (line l of the chunk: scale
       // l % 8 of its part l / 8) through shared memory to lanes in scale order, so that each row
       // takes them in whole stores.
