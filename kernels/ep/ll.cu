@@ -7,6 +7,7 @@
 #include "kernels/common/flagged_lines.cuh"
 #include "kernels/common/grid_dependency.cuh"
 #include "kernels/ep/ep_trace.cuh"
+#include "kernels/ep/fp8_scale.cuh"
 #include "kernels/ep/ll_kernels.h"
 
 namespace unifab::kernels::ep {
@@ -24,8 +25,6 @@ constexpr int kStagedScalesAt = kLlPartValues * 2;
 constexpr int kPartStreamBytes = kStagedScalesAt + 8 * 4;
 static_assert(kPartScales <= 8, "an FP8 part's scales stage in eight words");
 constexpr int kPartSendGroups = (llDataLines(false) + kLinesPerGroup - 1) / kLinesPerGroup;
-constexpr float kFp8Max = 448.0f;                             // largest finite e4m3 value
-constexpr float kMinAmax = 1e-4f;                             // an all-zero block still gets a finite scale
 constexpr int kPartGroups = kLlCombinePartLines / kLinesPerGroup;  // of a combine partial's part
 static_assert(kLlCombinePartLines % kLinesPerGroup == 0, "a partial's part is whole line groups");
 constexpr int kCombineVectorsPerLane = (kLlCombinePartValues / 8 + kWarp - 1) / kWarp;  // of a partial's part
@@ -489,24 +488,38 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     uint2 quantized[kVectorsPerLane];
     float scale[kVectorsPerLane];
     if (in.fp8) {
+      // Stage by stage over the part's vectors, so that their chains overlap: the amaxes (a scale
+      // block is 128 values: 16 lanes), their shuffles, the scales, the casts.
+      float amax[kVectorsPerLane];
 #pragma unroll
       for (int i = 0; i < kVectorsPerLane; ++i) {
         float v[8];
         bf16x8ToFloat(part.raw[i], v);
-        float amax = 0.0f;
+        amax[i] = fmaxf(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))),
+                        fmaxf(fmaxf(fabsf(v[4]), fabsf(v[5])), fmaxf(fabsf(v[6]), fabsf(v[7]))));
+      }
 #pragma unroll
-        for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
-        // A scale block is 128 values: 16 lanes.
+      for (int offset = 8; offset > 0; offset /= 2) {
 #pragma unroll
-        for (int offset = 8; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, offset));
-        float s = __fdiv_rn(fmaxf(amax, kMinAmax), kFp8Max);
-        if (in.ue8m0) {
-          unsigned bits = __float_as_uint(s);
-          if ((bits & 0x7fffffu) != 0) bits = (bits & 0xff800000u) + 0x800000u;
-          s = __uint_as_float(bits);
-        }
-        scale[i] = s;
-        quantized[i] = toFp8x8(v, __frcp_rn(s));
+        for (int i = 0; i < kVectorsPerLane; ++i) amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffff, amax[i], offset));
+      }
+      Fp8Scale block[kVectorsPerLane];
+      bool fast = true;
+#pragma unroll
+      for (int i = 0; i < kVectorsPerLane; ++i) {
+        block[i] = fp8ScaleFast(amax[i], in.ue8m0);
+        fast = fast && fp8ScaleFastApplies(amax[i]);
+      }
+      if (!fast) {
+#pragma unroll
+        for (int i = 0; i < kVectorsPerLane; ++i) block[i] = fp8ScaleExact(amax[i], in.ue8m0);
+      }
+#pragma unroll
+      for (int i = 0; i < kVectorsPerLane; ++i) {
+        float v[8];
+        bf16x8ToFloat(part.raw[i], v);
+        scale[i] = block[i].scale;
+        quantized[i] = toFp8x8(v, block[i].inverse);
       }
     }
     if (stamps.loaded == 0) stamps.loaded = traceNowAfter(g, in.fp8 ? quantized[0].x : part.raw[0].x + part.raw[0].w);
