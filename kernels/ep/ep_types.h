@@ -166,12 +166,12 @@ enum TracePoint : int {
   kTraceLlDispatchSent,       // each sending warp: its last item (part or bitmap word) done
   kTraceLlDispatchLinesIn,    // each receiving warp: its first message's lines all in
   kTraceLlDispatchReceived,   // each receiving warp: its last message copied
-  kTraceLlDispatchRouted,     // each receiving warp: its first message's bitmap word and cleared counts seen
+  kTraceLlDispatchRouted,     // each receiving warp: its first message's header lines and cleared counts seen
   kTraceLlDispatchIdsIn,      // each sending warp: its first part's top-k entries in and checked
   kTraceLlDispatchValuesIn,   // each sending warp: its first part's values in (before the cast)
   kTraceLlDispatchMaskIn,     // each bitmap warp: its first word's token ranks known
   kTraceLlDispatchWordStored, // each bitmap warp: its first word stored to every rank
-  kTraceLlDispatchHandedOut,  // each receiving warp: its first message's rows handed out
+  kTraceLlDispatchHandedOut,  // each receiving warp: its first message's rows known (after its first values poll)
   kTraceLlCombineStarted,
   kTraceLlCombineLoaded,      // each sending warp: its first item's expert rows summed
   kTraceLlCombineStored,      // each sending warp: its first part's lines stored

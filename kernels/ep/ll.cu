@@ -117,9 +117,10 @@ __device__ __forceinline__ void touchParameterLines(const LlView& g, int inputFi
 struct LlWarpStamps {
   uint32_t started = 0, loaded = 0, published = 0, sent = 0, arrived = 0, received = 0, awaited = 0;
 };
-// The dispatch's further points (after LlWarpStamps' seven), kept in shared memory: in registers
-// they would spill in the dispatch (at its 128).
+// The dispatch's further points (after LlWarpStamps' seven, in TracePoint's order), kept in
+// shared memory: in registers they spilled in the dispatch (at its 128). The whole warp stamps.
 enum LlExtraStamp { kIdsIn, kValuesIn, kMaskIn, kWordStored, kHandedOut, kExtraStamps };
+static_assert(kTraceLlCombineStarted - kTraceLlDispatchStarted == 7 + kExtraStamps, "a trace point for each dispatch stamp");
 __device__ __forceinline__ uint32_t* extraStamps() {
   __shared__ uint32_t stamps[kWarps][kExtraStamps];
   return stamps[threadIdx.x / kWarp];
@@ -166,7 +167,8 @@ __device__ __forceinline__ void traceKernelStart(const LlView& g) {
   }
 }
 
-// `first` is the operation's kTraceLl*Started; the warp's points follow it in LlWarpStamps' order.
+// `first` is the operation's kTraceLl*Started; the warp's `points` follow it in LlWarpStamps' order,
+// then the extra stamps' (the dispatch's).
 __device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, int points, uint64_t epoch, const LlWarpStamps& t) {
   if (g.trace == nullptr || threadIdx.x % kWarp != 0) return;
   const uint32_t start = static_cast<uint32_t>(*reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart));
@@ -616,14 +618,14 @@ __device__ __forceinline__ void releaseSlotAsMember(uint64_t* words, uint64_t ep
 
 // The receive phase: a team of warps per message slot (source rank, token; receiveTeamShift), the
 // slots in token order and dealt over the blocks first, so that a few messages still spread over
-// many SMs. Each poll loads the message's first kReceiveGroupsPerLane groups of value lines and its
-// header lines whole. At the first poll that finds the header lines flagged (they are sent first)
-// each member hands out its share of the message's rows (the set's recvCount of each local expert
-// it names, once this rank's send phase has cleared them; a member with none stops there) and
-// notes them for combine; once every line carries the call's epoch, the values and scales are
-// already in the warp's registers, and it stores the lines into each of its rows. A row of more
-// groups (BF16 above hidden 3584, FP8 above 7168) polls and stores its further chunks the same
-// way, without the header.
+// many SMs. A team polls its slot's bitmap word and header lines together (awaitSlot); once the
+// header lines are flagged (they are sent first) each member hands out its share of the message's
+// rows (the set's recvCount of each local expert it names, once this rank's send phase has cleared
+// them; a member with none stops there), polls the message's first kReceiveGroupsPerLane groups of
+// value lines while its row atomics are in flight, and notes the rows for combine; once every line
+// carries the call's epoch, the values and scales are in the warp's registers, and it stores the
+// lines into each of its rows. A row of more groups (BF16 above hidden 3584, FP8 above 7168) polls
+// and stores its further chunks the same way.
 __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, float* scaleStage,
                                 int sendWarps, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
@@ -853,7 +855,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
     dispatchReceive(g, in, set, e.receive, reinterpret_cast<float*>(partStreams[threadIdx.x / kWarp]),
                     send ? messageItems + g.layout.bitWords : 0, stamps);
   }
-  traceWarp(g, kTraceLlDispatchStarted, 12, send ? e.send : e.receive, stamps);
+  traceWarp(g, kTraceLlDispatchStarted, kTraceLlCombineStarted - kTraceLlDispatchStarted, send ? e.send : e.receive, stamps);
 }
 
 // ---- combine ----------------------------------------------------------------------------------
@@ -1082,7 +1084,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
     sendCounted(g, counters, set, e.send);
   }
   if (receive) combineReceive(g, in, set, e.receive, receiveWarp, warps, firstRanks, stamps);
-  traceWarp(g, kTraceLlCombineStarted, 7, send ? e.send : e.receive, stamps);
+  traceWarp(g, kTraceLlCombineStarted, kTracePoints - kTraceLlCombineStarted, send ? e.send : e.receive, stamps);
 }
 
 // Both kernels start with the parameter reads alone, then wait for the stream's previous kernel

@@ -5,8 +5,9 @@
 // is cut into parts of kLlPartValues values, each written by one warp as flagged lines
 // (kernels/common/flagged_lines.cuh: each 128-byte line carries the call's epoch, so the sender
 // writes no fence and no tag), so that many warps carry one token at once; part 0 also carries the
-// token's top-k ids and weights. Each sender also writes, per 32 tokens, a
-// tagged bitmap of the tokens it sends, which tells the receiver what to wait for. The receiver
+// token's top-k ids and weights (sent first). Each sender also writes, per 32 tokens, a tagged
+// bitmap of the tokens it sends, which tells the receiver which slots stay empty; the receiver
+// polls each slot's bitmap word and header lines together and stops at whichever answers. The receiver
 // places each message in the region of every local expert it names (rows handed out in arrival
 // order by its recvCount, which the send phase clears) and notes the rows for combine.
 //
