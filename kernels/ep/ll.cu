@@ -738,7 +738,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     const float weight = __int_as_float(headerWord(g.topk + k));
     const bool ours = lane < g.topk && id >= firstExpert && id < firstExpert + g.numLocalExperts;
     const unsigned oursMask = __ballot_sync(0xffffffff, ours);
-    const bool mine = ours && __popc(oursMask & ((1u << lane) - 1)) % team == member;
+    const bool mine = ours && (__popc(oursMask & ((1u << lane) - 1)) & (team - 1)) == member;  // team: a power of two
     const int e = mine ? id - firstExpert : 0;
     const int claimed = mine ? atomicAdd(local.recvCount + e, 1) : 0;
     const unsigned targets = __ballot_sync(0xffffffff, mine);
