@@ -108,6 +108,22 @@ Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
   v.topk = config_.topk;
   v.maxTokens = config_.maxTokensPerRank;
   v.expertStride = v.nRanks * v.maxTokens;
+  v.localExperts = unifab::kernels::makeFastDivisor(v.numLocalExperts);
+  v.ranks = unifab::kernels::makeFastDivisor(v.nRanks);
+  v.tokens = unifab::kernels::makeFastDivisor(v.maxTokens);
+  v.parts = unifab::kernels::makeFastDivisor(kep::llParts(v.hidden));
+  v.combineParts = unifab::kernels::makeFastDivisor(kep::llCombineParts(v.hidden));
+  // The largest dividend of each (expert ids; slots; message parts; partial parts), within the
+  // bound of its exactness, which the config's limits keep (collectives/ep/ep_group.cc).
+  const uint64_t allSlots = static_cast<uint64_t>(v.nRanks) * v.maxTokens;
+  const bool covered = fastDivisorCovers(v.localExperts, v.numExperts) && fastDivisorCovers(v.ranks, allSlots) &&
+                       fastDivisorCovers(v.tokens, allSlots) &&
+                       fastDivisorCovers(v.parts, static_cast<uint64_t>(v.maxTokens) * kep::llParts(v.hidden)) &&
+                       fastDivisorCovers(v.combineParts, allSlots * kep::llCombineParts(v.hidden));
+  if (!covered) {
+    return UF_ERROR(unifabInternalError, kExt, "EP low-latency divisors inexact for %d ranks, %d tokens, hidden %d, %d experts",
+                    v.nRanks, v.maxTokens, v.hidden, v.numExperts);
+  }
   v.layout = layout;
   v.timeoutNs = static_cast<uint64_t>(unifab::params().epTimeoutMs) * 1000000ULL;
   UF_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&v.hostError), hostError_, 0));

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/common/fast_divisor.h"
 #include "kernels/common/host_device.h"
 
 namespace unifab::kernels::ep {
@@ -70,16 +71,9 @@ UNIFAB_HOST_DEVICE inline bool sourceBefore(int a, int b, int receiver, int nRan
   return sourcePosition(a, receiver, nRanks) < sourcePosition(b, receiver, nRanks);
 }
 
-// Owner rank of global expert `id` for `localExperts` experts per rank, without a division (the
-// layout makes one per top-k entry, and a division is ~20 dependent instructions): `magic` is
-// expertOwnerMagic(localExperts). Exact while id * localExperts < 2^32, which kMaxExperts keeps.
-UNIFAB_HOST_DEVICE inline uint32_t expertOwnerMagic(int localExperts) {
-  return localExperts <= 1 ? 0u : 0xFFFFFFFFu / static_cast<uint32_t>(localExperts) + 1u;
-}
-UNIFAB_HOST_DEVICE inline int expertOwner(int id, int localExperts, uint32_t magic) {
-  return localExperts <= 1 ? id : static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(id)) * magic) >> 32);
-}
-static_assert(static_cast<uint64_t>(kMaxExperts) * kMaxExperts < (1ULL << 32), "expertOwner's bound");
+// Owner rank of an expert id is quotientOf(makeFastDivisor(localExperts), id) (the layouts make
+// one per top-k entry): exact for every id below kMaxExperts and any split of them.
+static_assert(static_cast<uint64_t>(kMaxExperts) * kMaxExperts < (1ULL << 32), "fastDivisorCovers for expert owners");
 
 // A count word carries the low 32 bits of its dispatch's epoch in its high half and the count in
 // its low half, so one relaxed 64-bit store is both the data and its arrival flag: the start of a

@@ -207,7 +207,7 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
   __shared__ int ids[kLayoutEntries];
   for (int i = threadIdx.x; i < g.nRanks; i += blockDim.x) destCount[i] = 0;
   for (int i = threadIdx.x; i < g.numExperts; i += blockDim.x) expertCount[i] = 0;
-  const uint32_t ownerMagic = expertOwnerMagic(g.numLocalExperts);
+  const FastDivisor owner = makeFastDivisor(g.numLocalExperts);
   const int per = tokensPerBlock(input.numTokens);
   const int first = blockIdx.x * per;
   const int last = min(input.numTokens, first + per);
@@ -261,7 +261,7 @@ __device__ void layoutBlock(const GroupView& g, const DispatchInput& input, cons
 #pragma unroll
         for (int u = 0; u < kLayoutChunk; ++u) {
           if (id[u] < 0) continue;
-          mask |= 1ULL << expertOwner(id[u], g.numLocalExperts, ownerMagic);
+          mask |= 1ULL << quotientOf(owner, id[u]);
           // An expert named twice by one token receives it once.
           bool repeated = false;
 #pragma unroll

@@ -338,7 +338,7 @@ __device__ __forceinline__ uint64_t tokenRankMask(const LlView& g, const LlDispa
     for (int k = 0; k < 8; ++k) raw[k] = loadExpertId(g, in, t, k0 + k);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      if (raw[k] >= 0 && raw[k] < g.numExperts) mask |= 1ULL << (static_cast<int>(raw[k]) / g.numLocalExperts);
+      if (raw[k] >= 0 && raw[k] < g.numExperts) mask |= 1ULL << quotientOf(g.localExperts, static_cast<int>(raw[k]));
     }
   }
   return mask;
@@ -346,7 +346,7 @@ __device__ __forceinline__ uint64_t tokenRankMask(const LlView& g, const LlDispa
 
 // The ranks of the warp's token (every lane gets the mask).
 __device__ __forceinline__ uint64_t ranksOf(const LlView& g, int id) {
-  const uint64_t bit = id >= 0 ? 1ULL << (id / g.numLocalExperts) : 0;
+  const uint64_t bit = id >= 0 ? 1ULL << quotientOf(g.localExperts, id) : 0;
   const unsigned lo = __reduce_or_sync(0xffffffff, static_cast<unsigned>(bit));
   const unsigned hi = __reduce_or_sync(0xffffffff, static_cast<unsigned>(bit >> 32));
   return (static_cast<uint64_t>(hi) << 32) | lo;
@@ -376,8 +376,7 @@ struct PartInput {
 };
 
 __device__ __forceinline__ void loadPart(const LlView& g, const LlDispatchInput& in, int item, int lane, PartInput& part) {
-  const int parts = llParts(g.hidden);
-  const int t = item / parts, first = (item % parts) * kLlPartValues;
+  const int t = quotientOf(g.parts, item), first = (item - t * g.parts.divisor) * kLlPartValues;
   const int partValues = min(kLlPartValues, g.hidden - first);
   const int4* src = reinterpret_cast<const int4*>(static_cast<const __nv_bfloat16*>(in.x) + static_cast<size_t>(t) * g.hidden + first);
 #pragma unroll
@@ -470,7 +469,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     }
   };
   for (int item = warp; item < messageItems; item += warps) {
-    const int t = item / parts, p = item % parts;
+    const int t = quotientOf(g.parts, item), p = item - t * parts;
     // A later item's release words are loaded with its inputs, in one round trip.
     const uint64_t seen = item == warp ? partSeen : loadPartReleased(g, set, t, lane);
     if (item != warp) loadPart(g, in, item, lane, part);
@@ -712,7 +711,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
   if (home < 0) home += blocks;
   const int stride = blocks * (kWarps >> teamShift);
   for (int n = (fromTop >> teamShift) * blocks + home; n < slots; n += stride) {
-    const int s = n % g.nRanks, t = n / g.nRanks;
+    const int t = quotientOf(g.ranks, n), s = n - t * g.nRanks;
     const int slot = s * g.maxTokens + t;
     const uint64_t* bitsWord = tokenBits + static_cast<size_t>(s) * g.layout.bitWords + t / kWarp;
     const int4* lanePiece = reinterpret_cast<const int4*>(messageAt(g, g.rank, set, s, t) + laneLine * kLineBytes + lane % 8 * 16);
@@ -835,7 +834,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
   const int messageItems = dispatchMessageItems(g, in);
   if (send) {
     if (warp < messageItems) {
-      partSeen = loadPartReleased(g, set, warp / llParts(g.hidden), lane);
+      partSeen = loadPartReleased(g, set, quotientOf(g.parts, warp), lane);
       loadPart(g, in, warp, lane, part);
     } else if (warp - messageItems < g.layout.bitWords) {
       bitsSeen = loadBitsReleased(g, set, warp - messageItems, lane);
@@ -929,9 +928,9 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
   const int vectors = g.hidden / 8;
   const int items = g.nRanks * g.maxTokens * parts;
   for (int item = warp; item < items; item += warps) {
-    const int p = item % parts;
-    const int slot = item / parts;
-    const int s = slot / g.maxTokens, t = slot % g.maxTokens;
+    const int slot = quotientOf(g.combineParts, item);
+    const int p = item - slot * parts;
+    const int s = quotientOf(g.tokens, slot), t = slot - s * g.maxTokens;
     int row = firstRow;
     float weight = firstWeight;
     if (item != warp) loadRowOf(g, in, set, slot, lane, row, weight);
@@ -989,11 +988,12 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
   // Slots of tokens this call does not have are read by nobody: released at once, so that a sender
   // whose last write there was in an earlier call need not wait for a call that uses them again.
   for (int i = warp * kWarp + lane; i < (g.maxTokens - in.numTokens) * parts; i += warps * kWarp) {
-    storeRelaxed(combineReleased(g, g.rank, set, in.numTokens + i / parts, i % parts), epoch);
+    const int past = quotientOf(g.combineParts, i);  // tokens past this call's
+    storeRelaxed(combineReleased(g, g.rank, set, in.numTokens + past, i - past * parts), epoch);
   }
   for (int item = warp; item < in.numTokens * parts; item += warps) {
-    const int p = item % parts;
-    const int t = item / parts;
+    const int t = quotientOf(g.combineParts, item);
+    const int p = item - t * parts;
     const uint64_t ranks = item == warp ? firstRanks : __ldcg(local.tokenRanks + t);
     const int payloadBytes = llCombinePartValues(g.hidden, p) * 2;
     const int lines = linesFor(payloadBytes);
@@ -1069,11 +1069,12 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   int firstRow = -1;
   float firstWeight = 0.0f;
   if (send && warp < g.nRanks * g.maxTokens * parts) {
-    const int slot = warp / parts;
-    firstSeen = loadRelaxed(combineReleased(g, slot / g.maxTokens, set, slot % g.maxTokens, warp % parts));
+    const int slot = quotientOf(g.combineParts, warp);
+    const int s = quotientOf(g.tokens, slot);
+    firstSeen = loadRelaxed(combineReleased(g, s, set, slot - s * g.maxTokens, warp - slot * parts));
     loadRowOf(g, in, set, slot, lane, firstRow, firstWeight);
   }
-  if (receive && receiveWarp < in.numTokens * parts) firstRanks = __ldcg(g.sets[set].tokenRanks + receiveWarp / parts);
+  if (receive && receiveWarp < in.numTokens * parts) firstRanks = __ldcg(g.sets[set].tokenRanks + quotientOf(g.combineParts, receiveWarp));
   LlEpochs e;
   if (!blockStarted(startWords, startWord, e)) return;
   stamps.started = traceNow(g);

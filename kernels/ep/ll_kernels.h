@@ -130,6 +130,9 @@ struct LlView {
   unsigned long long* trace;  // [kTraceWords] or null: UNIFAB_EP_TRACE (the kTraceLl* points)
   int rank, nRanks, numExperts, numLocalExperts, hidden, topk, maxTokens;
   int expertStride;     // nRanks * maxTokens rows per local expert
+  // The kernels' divisors (kernels/common/fast_divisor.h): experts a rank, ranks, tokens a rank,
+  // parts of a message (llParts) and of a partial (llCombineParts).
+  FastDivisor localExperts, ranks, tokens, parts, combineParts;
   LlLayout layout;
   int* hostError;
   uint64_t timeoutNs;

@@ -2,6 +2,7 @@
 // flag, so its packing must keep the epoch, rows and block count apart at their limits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -79,11 +80,29 @@ TEST(EpWords, SourceOrderStartsAtTheReceiversNextRankAndEndsWithItself) {
 TEST(EpWords, ExpertOwnerMatchesDivisionForEveryExpertCount) {
   // Every split of up to kMaxExperts global experts over ranks, every expert id.
   for (int local = 1; local <= kep::kMaxExperts; ++local) {
-    const uint32_t magic = kep::expertOwnerMagic(local);
+    const unifab::kernels::FastDivisor owner = unifab::kernels::makeFastDivisor(local);
+    ASSERT_TRUE(unifab::kernels::fastDivisorCovers(owner, kep::kMaxExperts - 1));
     for (int id = 0; id < kep::kMaxExperts; ++id) {
-      ASSERT_EQ(kep::expertOwner(id, local, magic), id / local) << "id " << id << ", " << local << " per rank";
+      ASSERT_EQ(unifab::kernels::quotientOf(owner, id), id / local) << "id " << id << ", " << local << " per rank";
     }
   }
+}
+
+TEST(FastDivisor, ExactUpToItsBound) {
+  // Every divisor the kernels use (experts a rank up to kMaxExperts, parts a row up to 147, ranks
+  // up to 64, tokens up to 1024) over every dividend below 2^16, then the last dividends the bound
+  // admits.
+  namespace uk = unifab::kernels;
+  for (int d = 1; d <= kep::kMaxExperts + 64; ++d) {
+    const uk::FastDivisor f = uk::makeFastDivisor(d);
+    int wrong = 0;
+    for (int n = 0; n < (1 << 16); ++n) wrong += uk::quotientOf(f, n) != n / d || uk::remainderOf(f, n) != n % d;
+    const uint64_t largest = std::min<uint64_t>(d == 1 ? 0xFFFFFFFFull : 0xFFFFFFFFull / (d - 1), 0x7FFFFFFF);
+    ASSERT_TRUE(uk::fastDivisorCovers(f, largest)) << d;
+    for (uint64_t n = largest - 4096; n <= largest; ++n) wrong += uk::quotientOf(f, static_cast<int>(n)) != static_cast<int>(n / d);
+    ASSERT_EQ(wrong, 0) << "divisor " << d;
+  }
+  EXPECT_FALSE(uk::fastDivisorCovers(uk::makeFastDivisor(3), 1ULL << 31));
 }
 
 }  // namespace
