@@ -2,9 +2,9 @@
 // rank) as one multiply-high: a '/' or '%' by a runtime value is ~20 dependent instructions, and
 // the low-latency kernels take several on a 1-token call's path before their first loads.
 //
-// The magic is ceil(2^32 / d); n / d is then the high half of n * magic, exact while
-// n * (d - 1) < 2^32 (fastDivisorCovers: the error term n * (magic * d - 2^32) / 2^32 stays below
-// the distance to the next multiple of d).
+// The magic is ceil(2^32 / d) = (2^32 + r) / d with 0 <= r < d; the high half of n * magic is
+// n / d + n r / (2^32 d), whose floor is n / d's while n r < 2^32: n (d - 1) < 2^32 suffices
+// (fastDivisorCovers).
 #pragma once
 
 #include <cstdint>

@@ -165,7 +165,7 @@ enum TracePoint : int {
   kTraceLlDispatchValuesIn,   // each sending warp: its first part's values in (before the cast)
   kTraceLlDispatchMaskIn,     // each bitmap warp: its first word's token ranks known
   kTraceLlDispatchWordStored, // each bitmap warp: its first word stored to every rank
-  kTraceLlDispatchHandedOut,  // each receiving warp: its first message's rows known (after its first values poll)
+  kTraceLlDispatchRowsKnown,  // each receiving warp: its first message's rows known (after its first values poll)
   kTraceLlCombineStarted,
   kTraceLlCombineLoaded,      // each sending warp: its first item's expert rows summed
   kTraceLlCombineStored,      // each sending warp: its first part's lines stored

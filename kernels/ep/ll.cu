@@ -119,7 +119,7 @@ struct LlWarpStamps {
 };
 // The dispatch's further points (after LlWarpStamps' seven, in TracePoint's order), kept in
 // shared memory: in registers they spilled in the dispatch (at its 128). The whole warp stamps.
-enum LlExtraStamp { kIdsIn, kValuesIn, kMaskIn, kWordStored, kHandedOut, kExtraStamps };
+enum LlExtraStamp { kIdsIn, kValuesIn, kMaskIn, kWordStored, kRowsKnown, kExtraStamps };
 static_assert(kTraceLlCombineStarted - kTraceLlDispatchStarted == 7 + kExtraStamps, "a trace point for each dispatch stamp");
 __device__ __forceinline__ uint32_t* extraStamps() {
   __shared__ uint32_t stamps[kWarps][kExtraStamps];
@@ -174,7 +174,7 @@ __device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, int
   const uint32_t start = static_cast<uint32_t>(*reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart));
   const uint32_t* extra = extraStamps();
   const uint32_t at[] = {t.started, t.loaded, t.published, t.sent, t.arrived, t.received, t.awaited,
-                         extra[kIdsIn], extra[kValuesIn], extra[kMaskIn], extra[kWordStored], extra[kHandedOut]};
+                         extra[kIdsIn], extra[kValuesIn], extra[kMaskIn], extra[kWordStored], extra[kRowsKnown]};
   for (int i = 0; i < points; ++i) {
     // A warp that gets here before block 0 stamped this call's start reads the previous call's
     // start (an inflated time; tracing is a diagnostic), or a wrapped difference, left out.
@@ -749,7 +749,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       local.recvSource[static_cast<size_t>(row) * 2 + 1] = t;
     }
     if (mine || (member == 0 && lane < g.topk && !ours)) rowOf[lane] = row;
-    stampOnce(g, kHandedOut, [&] { return traceNowAfter(g, __reduce_or_sync(0xffffffff, static_cast<unsigned>(row))); });
+    stampOnce(g, kRowsKnown, [&] { return traceNowAfter(g, __reduce_or_sync(0xffffffff, static_cast<unsigned>(row))); });
     if (stamps.arrived == 0 && targets != 0) stamps.arrived = traceNow(g);
     for (int q0 = 0; targets != 0 && q0 < groups; q0 += kReceiveGroupsPerLane) {
       if (q0 != 0 && !poll(lanePiece, q0)) return;
