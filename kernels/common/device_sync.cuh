@@ -127,24 +127,30 @@ struct WarpDeadline {
   }
 };
 
+// The sleep between the polls of a word many warps wait for at once: 32 ns, doubling to 256 ns.
+struct PollPause {
+  unsigned ns = 32;
+  __device__ void sleep() {
+    __nanosleep(ns);
+    ns = min(ns * 2, 256u);
+  }
+};
+
 // Spins until `ready()` (a relaxed read of the awaited word), bounded by the timeout: false on
 // timeout (raising it) or soon after another wait under `w` has timed out (timedOutAtPoll). kPause
-// sleeps between polls (32 ns growing to 256 ns) where many warps wait at once.
+// sleeps between polls (PollPause) where many warps wait at once.
 template <bool kPause, typename Ready>
 __device__ __forceinline__ bool waitBounded(const WaitBounds& w, int timeoutCode, Ready ready) {
   if (ready()) return true;
   const uint64_t start = globalTimerNs();
-  unsigned pause = 32;
+  PollPause pause;
   for (unsigned polls = 1; !ready(); ++polls) {
     if (timedOutAtPoll(w, timeoutCode, polls)) return false;
     if (globalTimerNs() - start > w.timeoutNs) {
       raiseError(w.error, w.hostError, timeoutCode);
       return false;
     }
-    if (kPause) {
-      __nanosleep(pause);
-      pause = min(pause * 2, 256u);
-    }
+    if (kPause) pause.sleep();
   }
   return true;
 }

@@ -27,7 +27,8 @@ UNIFAB_HOST_DEVICE inline bool fastDivisorCovers(const FastDivisor& d, uint64_t 
   return d.divisor >= 1 && largest * static_cast<uint64_t>(d.divisor - 1) < (1ULL << 32);
 }
 
-// n / d and n % d for 0 <= n within fastDivisorCovers' bound.
+// n / d for 0 <= n within fastDivisorCovers' bound (n % d is then n - quotientOf(d, n) * d, as the
+// kernels write it with the divisor they hold).
 UNIFAB_HOST_DEVICE inline int quotientOf(const FastDivisor& d, int n) {
 #if defined(__CUDA_ARCH__)
   return d.magic == 0 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), d.magic));
@@ -35,6 +36,5 @@ UNIFAB_HOST_DEVICE inline int quotientOf(const FastDivisor& d, int n) {
   return d.magic == 0 ? n : static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(n)) * d.magic) >> 32);
 #endif
 }
-UNIFAB_HOST_DEVICE inline int remainderOf(const FastDivisor& d, int n) { return n - quotientOf(d, n) * d.divisor; }
 
 }  // namespace unifab::kernels

@@ -682,7 +682,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
   const bool headerLane = laneLine < headerLines;
   auto awaitSlot = [&](const uint64_t* bitsWord, const int4* headerPiece, int t) {
     WarpDeadline deadline;
-    unsigned pause = 32;
+    PollPause pause;
     for (unsigned polls = 0;; ++polls) {
       const uint64_t word = loadRelaxed(bitsWord);
       loadPieceIf(headerLane, headerPiece, header);
@@ -692,8 +692,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       const bool flagged = !(headerLane && flagLane) || flagOf(header) == epoch;
       if (__all_sync(0xffffffff, flagged && countsCleared)) return kMessage;
       if (deadline.expired(bounds(g), kErrorTimeout, polls, lane)) return kWaitFailed;
-      __nanosleep(pause);
-      pause = min(pause * 2, 256u);
+      pause.sleep();
     }
   };
   // Header word k (byte 4 k: ids, then weights) from the lane that holds it; the whole warp calls.
