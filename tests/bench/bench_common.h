@@ -61,5 +61,6 @@ int runPp(Args& args, const char* self);
 int runEngram(Args& args, const char* self);
 int runTuneSweep(Args& args, const char* self);
 int runCopyRoutes(Args& args);
+int runMemRates(Args& args);
 
 }  // namespace unifab::bench

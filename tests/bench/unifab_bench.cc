@@ -7,6 +7,7 @@
 //   unifab-bench engram [...]    Engram row fetches from the peer GPU
 //   unifab-bench tune-sweep [...] every NCCL algorithm x protocol x channel count against the tuner
 //   unifab-bench copy-routes [...] which device-to-device copy routes stay off the SMs
+//   unifab-bench memrates        this GPU's memory latencies and per-warp rates (one process)
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -19,7 +20,7 @@ namespace {
 
 void usage() {
   printf(
-      "usage: unifab-bench [net|coll|ep|pp|engram|tune-sweep|copy-routes] [options]\n"
+      "usage: unifab-bench [net|coll|ep|pp|engram|tune-sweep|copy-routes|memrates] [options]\n"
       "  (no command: ep over all local GPUs, or net where there is no GPU)\n"
       "  net   --min BYTES --max BYTES --window N --seconds S\n"
       "        bandwidth and latency of the ncclNet table over loopback (two comms, two threads)\n"
@@ -58,7 +59,10 @@ void usage() {
       "        --from-logs: analyse the CSVs and logs a finished sweep left in DIR again, running nothing\n"
       "  ep, pp, engram: --b2b N calls per back-to-back run (default 20, nccl-tests' -n)\n"
       "  copy-routes --bytes BYTES --busy-ms MS [--issue-paths-only]\n"
-      "        each device-to-device copy route alone and next to a kernel holding every SM (one process)\n");
+      "        each device-to-device copy route alone and next to a kernel holding every SM (one process)\n"
+      "  memrates\n"
+      "        L2 load and atomic latencies, a word's round trip between SMs, one warp's and one SM's load and\n"
+      "        store rates, first touches of 2 MB pages (one process, clock64 in the kernels)\n");
 }
 
 }  // namespace
@@ -97,6 +101,10 @@ int main(int argc, char** argv) {
   if (command == "copy-routes") {
     unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
     return unifab::bench::runCopyRoutes(args);
+  }
+  if (command == "memrates") {
+    unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);
+    return unifab::bench::runMemRates(args);
   }
   if (command == "pp") {
     unifab::bench::Args args = unifab::bench::makeArgs(argc, argv, 2);

@@ -1,0 +1,324 @@
+// unifab-bench memrates: the memory system's latencies and per-warp rates on this GPU, the numbers
+// the low-latency kernels' designs rest on (docs/benchmarks/ep-ll.md, twenty-sixth session):
+//   - dependent 8-byte loads (L2 hits) by flavour, and atomics that return;
+//   - a word stored by one SM and polled by another, round trip;
+//   - one warp's 16-byte-a-lane loads, n in flight: where a warp's own rate ends;
+//   - a block of w warps, each loading a 7 KB message and storing it into r rows: an SM's rates;
+//   - the first touch of 2 MB pages (TLB misses) against the same pages again.
+// Times come from clock64 inside the kernels (cycles at the SM clock the run reports), minima over
+// repetitions, so they are latencies of an idle GPU, not of a busy one.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#include "tests/bench/bench_common.h"
+#include "tests/common/nccl_session.h"  // TEST_CUDA_CHECK
+
+namespace unifab::bench {
+namespace {
+
+enum LoadFlavour { kVolatile, kRelaxedSys, kRelaxedGpu, kCacheGlobal, kAcquireGpu, kFlavours };
+
+template <int kFlavour>
+__device__ __forceinline__ uint64_t load8(const uint64_t* p) {
+  uint64_t v;
+  if (kFlavour == kVolatile) asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  if (kFlavour == kRelaxedSys) asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  if (kFlavour == kRelaxedGpu) asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  if (kFlavour == kCacheGlobal) asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  if (kFlavour == kAcquireGpu) asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+template <int kFlavour>
+__device__ __forceinline__ void load16(const int4* p, int4& v) {
+  if (kFlavour == kVolatile) {
+    asm volatile("ld.volatile.global.v4.s32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  } else {
+    asm volatile("ld.global.cg.v4.s32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  }
+}
+
+// One thread: `n` loads (or returning atomics, kFlavours + 0/1) of one word, each address depending
+// on the value before; cycles a step.
+template <int kOp>
+__global__ void dependentChain(uint64_t* word, int n, long long* cycles) {
+  uint64_t acc = 0;
+  uint64_t* p = word;
+  const long long start = clock64();
+  for (int i = 0; i < n; ++i) {
+    uint64_t v;
+    if (kOp < kFlavours) {
+      v = load8<kOp>(p);
+    } else if (kOp == kFlavours) {
+      v = atomicAdd(reinterpret_cast<unsigned long long*>(p), 0ULL);
+    } else {
+      v = static_cast<uint64_t>(atomicAdd(reinterpret_cast<int*>(p), 0));
+    }
+    acc += v;
+    p = word + ((acc >> 63) << 4);  // always `word`, but the compiler cannot tell
+  }
+  *cycles = (clock64() - start) / n;
+  if (acc == 42) *word = acc;
+}
+
+// Blocks 0 and 1 pass a counter back and forth through two words (relaxed system-scope stores and
+// loads), `n` times; cycles a round trip, and the two SMs.
+__global__ void pingPong(uint64_t* a, uint64_t* b, int n, long long* cycles, int* sms) {
+  if (threadIdx.x != 0 || blockIdx.x > 1) return;
+  int sm;
+  asm("mov.u32 %0, %%smid;" : "=r"(sm));
+  sms[blockIdx.x] = sm;
+  const long long start = clock64();
+  for (uint64_t k = 1; k <= static_cast<uint64_t>(n); ++k) {
+    uint64_t* mine = blockIdx.x == 0 ? a : b;
+    const uint64_t* theirs = blockIdx.x == 0 ? b : a;
+    if (blockIdx.x == 0) asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(mine), "l"(k) : "memory");
+    while (load8<kRelaxedSys>(theirs) != k) {
+    }
+    if (blockIdx.x == 1) asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(mine), "l"(k) : "memory");
+  }
+  if (blockIdx.x == 0) *cycles = (clock64() - start) / n;
+}
+
+// One warp, `kLoads` 16-byte loads a lane in flight (a 512-byte run each), then all used; the
+// fewest cycles over `reps` (each on other lines, all in L2 after the first 64).
+template <int kFlavour, int kLoads>
+__global__ void warpLoads(const int4* buffer, int reps, long long* cycles) {
+  const int lane = threadIdx.x;
+  long long best = 1LL << 60;
+  int keep = 0;
+  for (int r = 0; r < reps; ++r) {
+    const int4* base = buffer + (r % 64) * 4096 + lane;
+    int4 v[kLoads];
+    __syncwarp();
+    const long long start = clock64();
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) load16<kFlavour>(base + i * 32, v[i]);
+    int x = 0;
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) x ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+    x = __reduce_xor_sync(0xffffffff, x);
+    const long long took = clock64() - start;
+    keep += x;
+    if (r >= 64 && took < best) best = took;
+  }
+  if (lane == 0) *cycles = best + (keep & 0);
+}
+
+constexpr int kMessageVectors = 448;  // 7 KB of 16-byte vectors: an FP8 row of hidden 7168
+constexpr int kMessageLoads = kMessageVectors / 32;
+
+// Each warp of one block: loads a 7 KB message (when `load`), then stores it into `rows` rows
+// (when rows > 0); the slowest warp's fewest cycles to issue its accesses and to have them
+// performed (a fence after them).
+__global__ void blockMessages(const int4* source, int4* rowsOut, bool load, int rows, int reps, long long* issued,
+                              long long* performed) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __shared__ long long issuedBy[32], performedBy[32];
+  long long bestIssued = 1LL << 60, bestPerformed = 1LL << 60;
+  int keep = 0;
+  for (int r = 0; r < reps; ++r) {
+    const int4* from = source + ((r % 16) * 32 + warp) * kMessageVectors + lane;
+    int4* to = rowsOut + ((r % 16) * 32 + warp) * (kMessageVectors * 8) + lane;
+    int4 v[kMessageLoads];
+    __syncthreads();
+    const long long start = clock64();
+#pragma unroll
+    for (int i = 0; i < kMessageLoads; ++i) {
+      if (load) {
+        load16<kVolatile>(from + i * 32, v[i]);
+      } else {
+        v[i] = make_int4(r, i, lane, warp);
+      }
+    }
+    if (rows == 0) {
+      int x = 0;
+#pragma unroll
+      for (int i = 0; i < kMessageLoads; ++i) x ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+      keep += __reduce_xor_sync(0xffffffff, x);
+    }
+    for (int row = 0; row < rows; ++row) {
+#pragma unroll
+      for (int i = 0; i < kMessageLoads; ++i) to[row * kMessageVectors + i * 32] = v[i];
+    }
+    const long long issuedAt = clock64() - start;
+    __threadfence();
+    const long long performedAt = clock64() - start;
+    if (r >= 16) {
+      bestIssued = min(bestIssued, issuedAt);
+      bestPerformed = min(bestPerformed, performedAt);
+    }
+  }
+  if (lane == 0) {
+    issuedBy[warp] = bestIssued;
+    performedBy[warp] = bestPerformed + (keep & 0);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    long long i = 0, p = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) {
+      i = max(i, issuedBy[w]);
+      p = max(p, performedBy[w]);
+    }
+    *issued = i;
+    *performed = p;
+  }
+}
+
+// One thread: a load from each of `n` pages `stride` bytes apart, each address depending on the
+// value before; cycles a load.
+__global__ void pageChain(const char* base, size_t stride, int n, long long* cycles) {
+  uint64_t acc = 0;
+  const long long start = clock64();
+  for (int i = 0; i < n; ++i) {
+    acc += load8<kCacheGlobal>(reinterpret_cast<const uint64_t*>(base + i * stride + ((acc >> 63) << 4)));
+  }
+  *cycles = (clock64() - start) / n;
+  if (acc == 42) *cycles = 0;
+}
+
+struct Device {
+  double ghz = 0;
+  long long* cycles = nullptr;
+  long long* cycles2 = nullptr;
+  int* sms = nullptr;
+};
+
+bool readCycles(const long long* from, long long* to) {
+  TEST_CUDA_CHECK(cudaDeviceSynchronize());
+  TEST_CUDA_CHECK(cudaMemcpy(to, from, sizeof(long long), cudaMemcpyDeviceToHost));
+  return true;
+}
+
+template <int kOp>
+bool chainRow(const Device& d, uint64_t* word, const char* name) {
+  dependentChain<kOp><<<1, 1>>>(word, 16, d.cycles);  // warm
+  dependentChain<kOp><<<1, 1>>>(word, 2000, d.cycles);
+  TEST_CUDA_CHECK(cudaGetLastError());
+  long long c = 0;
+  if (!readCycles(d.cycles, &c)) return false;
+  printf("  %-28s %5lld cycles  %5.0f ns\n", name, c, c / d.ghz);
+  return true;
+}
+
+template <int kFlavour, int kLoads>
+bool warpLoadRow(const Device& d, const int4* buffer, const char* name) {
+  warpLoads<kFlavour, kLoads><<<1, 32>>>(buffer, 256, d.cycles);
+  TEST_CUDA_CHECK(cudaGetLastError());
+  long long c = 0;
+  if (!readCycles(d.cycles, &c)) return false;
+  printf("  %-14s %2d x 16 B a lane (%5d B): %5.0f ns, %5.1f GB/s\n", name, kLoads, kLoads * 512, c / d.ghz,
+         kLoads * 512 / (c / d.ghz));
+  return true;
+}
+
+template <int kFlavour>
+bool warpLoadRows(const Device& d, const int4* buffer, const char* name) {
+  return warpLoadRow<kFlavour, 1>(d, buffer, name) && warpLoadRow<kFlavour, 2>(d, buffer, name) &&
+         warpLoadRow<kFlavour, 4>(d, buffer, name) && warpLoadRow<kFlavour, 8>(d, buffer, name) &&
+         warpLoadRow<kFlavour, 14>(d, buffer, name) && warpLoadRow<kFlavour, 16>(d, buffer, name);
+}
+
+bool run() {
+  int device = 0, clockKhz = 0, smCount = 0;
+  TEST_CUDA_CHECK(cudaGetDevice(&device));
+  TEST_CUDA_CHECK(cudaDeviceGetAttribute(&clockKhz, cudaDevAttrClockRate, device));
+  TEST_CUDA_CHECK(cudaDeviceGetAttribute(&smCount, cudaDevAttrMultiProcessorCount, device));
+  cudaDeviceProp prop{};
+  TEST_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  Device d;
+  d.ghz = clockKhz / 1e6;
+  printf("# memrates on %s, %d SMs, cycles at %d MHz (the SM clock's maximum; the run keeps it there)\n", prop.name, smCount,
+         clockKhz / 1000);
+  constexpr size_t kBig = size_t(2) << 30;  // 2 GB: 1 GB of pages for the TLB rows, 512 MB of rows, the rest loads
+  char* big = nullptr;
+  TEST_CUDA_CHECK(cudaMalloc(&big, kBig));
+  TEST_CUDA_CHECK(cudaMalloc(&d.cycles, 2 * sizeof(long long)));
+  TEST_CUDA_CHECK(cudaMalloc(&d.cycles2, sizeof(long long)));
+  TEST_CUDA_CHECK(cudaMalloc(&d.sms, 2 * sizeof(int)));
+  bool ok = cudaMemset(big, 1, kBig) == cudaSuccess;
+  uint64_t* words = reinterpret_cast<uint64_t*>(big + (size_t(1) << 30));
+  const int4* loads = reinterpret_cast<const int4*>(big + (size_t(1) << 30) + (size_t(1) << 20));
+  int4* rows = reinterpret_cast<int4*>(big + (size_t(3) << 29));
+
+  printf("== dependent accesses of one word (L2 hits), one thread\n");
+  ok = ok && chainRow<kVolatile>(d, words, "ld.volatile (relaxed.sys)") && chainRow<kRelaxedGpu>(d, words, "ld.relaxed.gpu") &&
+       chainRow<kCacheGlobal>(d, words, "ld.global.cg") && chainRow<kAcquireGpu>(d, words, "ld.acquire.gpu") &&
+       chainRow<kFlavours>(d, words, "atomicAdd u64, returning") && chainRow<kFlavours + 1>(d, words, "atomicAdd u32, returning");
+  if (ok) {
+    printf("== a word stored by one SM, polled by another, and back (relaxed, system scope)\n");
+    for (int trial = 0; ok && trial < 3; ++trial) {
+      uint64_t* a = words + 1024 + trial * 64;
+      uint64_t* b = words + 2048 + trial * 64;
+      ok = cudaMemset(a, 0, 8) == cudaSuccess && cudaMemset(b, 0, 8) == cudaSuccess;
+      pingPong<<<2 + 30 * trial, 32>>>(a, b, 10000, d.cycles, d.sms);
+      long long c = 0;
+      int sms[2] = {0, 0};
+      ok = ok && cudaGetLastError() == cudaSuccess && readCycles(d.cycles, &c) &&
+           cudaMemcpy(sms, d.sms, sizeof(sms), cudaMemcpyDeviceToHost) == cudaSuccess;
+      if (ok) printf("  SMs %3d and %3d: round trip %5.0f ns\n", sms[0], sms[1], c / d.ghz);
+    }
+  }
+  if (ok) {
+    printf("== one warp's 16-byte loads a lane, all in flight (L2 hits)\n");
+    ok = warpLoadRows<kVolatile>(d, loads, "ld.volatile") && warpLoadRows<kCacheGlobal>(d, loads, "ld.global.cg");
+  }
+  if (ok) {
+    printf("== one block (one SM): each warp loads a 7 KB message and/or stores it into rows (slowest warp)\n");
+    for (int mode = 0; ok && mode < 3; ++mode) {
+      for (int warps : {1, 2, 4, 8, 16}) {
+        for (int rowCount : {1, 2, 4}) {
+          if (mode == 0 && rowCount > 1) continue;
+          const bool load = mode != 1;
+          const int stored = mode == 0 ? 0 : rowCount;
+          blockMessages<<<1, 32 * warps>>>(loads, rows, load, stored, 64, d.cycles, d.cycles2);
+          long long issued = 0, performed = 0;
+          ok = cudaGetLastError() == cudaSuccess && readCycles(d.cycles, &issued) && readCycles(d.cycles2, &performed);
+          if (!ok) break;
+          const double kb = warps * 7.0 * ((load ? 1 : 0) + stored);
+          printf("  %-16s warps %2d rows %d: issued %5.0f ns, performed %5.0f ns: %6.1f KB, %5.1f GB/s\n",
+                 mode == 0 ? "load" : mode == 1 ? "store" : "load and store", warps, stored, issued / d.ghz,
+                 performed / d.ghz, kb, kb * 1024 / (performed / d.ghz));
+        }
+      }
+    }
+  }
+  if (ok) {
+    printf("== first touches of 2 MB pages, dependent loads, one thread (a cold page also misses L2)\n");
+    const size_t page = size_t(2) << 20;
+    for (int pages : {16, 128, 256}) {
+      long long cold = 0, warm = 0;
+      pageChain<<<1, 1>>>(big, page, pages, d.cycles);
+      ok = cudaGetLastError() == cudaSuccess && readCycles(d.cycles, &cold);
+      pageChain<<<1, 1>>>(big, page, pages, d.cycles);
+      ok = ok && cudaGetLastError() == cudaSuccess && readCycles(d.cycles, &warm);
+      if (!ok) break;
+      printf("  %3d pages: first %5.0f ns a load, again %5.0f ns\n", pages, cold / d.ghz, warm / d.ghz);
+      ok = cudaMemset(big, 2, size_t(1) << 30) == cudaSuccess;  // the next count starts cold again
+    }
+    long long inPage = 0;
+    pageChain<<<1, 1>>>(big + (size_t(1) << 29), 65536, 256, d.cycles);  // 8 pages, 64 KB apart: L2 misses
+    ok = ok && cudaGetLastError() == cudaSuccess && readCycles(d.cycles, &inPage);
+    if (ok) printf("  64 KB apart in 8 pages (L2 misses, few TLB misses): %5.0f ns a load\n", inPage / d.ghz);
+  }
+  if (!ok) fprintf(stderr, "memrates: a CUDA call failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+  cudaFree(big);
+  cudaFree(d.cycles);
+  cudaFree(d.cycles2);
+  cudaFree(d.sms);
+  return ok;
+}
+
+}  // namespace
+
+int runMemRates(Args& args) {
+  if (!args.leftovers().empty()) {
+    fprintf(stderr, "memrates: takes no options\n");
+    return 2;
+  }
+  return run() ? 0 : 1;
+}
+
+}  // namespace unifab::bench
