@@ -2,7 +2,7 @@
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
 # and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
-#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [copyroutes] [engram] [nccltests] [ntcompare] [tunesweep] [epsweep] [trace] [lltrace] [llncu] [sanitize] [sweep] [ab]
+#   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [copyroutes] [memrates] [engram] [nccltests] [ntcompare] [tunesweep] [epsweep] [trace] [lltrace] [llncu] [sanitize] [sweep] [ab]
 #   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
 # UNIFAB_TUNESWEEP_CHANNELS replaces the forced channel counts (NVLink 8,24,32; unifab 1,2,8).
@@ -218,6 +218,11 @@ for step in $steps; do
     tee -a "$summary" <"$logs/ep-ll-floor.txt"
     ;;
   copyroutes) copy_routes ;;
+  memrates)
+    say "== unifab-bench memrates: L2 latencies, a word's round trip between SMs, one warp's and one SM's rates"
+    "$bench" memrates >"$logs/memrates.txt" 2>&1 || failed=1
+    tee -a "$summary" <"$logs/memrates.txt"
+    ;;
   pp)
     copy_routes
     say "== unifab-bench pp, rank 0 -> rank 1 (default engine: rendezvous)"
