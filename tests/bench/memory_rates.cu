@@ -4,7 +4,8 @@
 //   - a word stored by one SM and polled by another, round trip;
 //   - one warp's 16-byte-a-lane loads, n in flight: where a warp's own rate ends;
 //   - a block of w warps, each loading a 7 KB message and storing it into r rows: an SM's rates;
-//   - the first touch of 2 MB pages (TLB misses) against the same pages again.
+//   - loads from 2 MB pages nothing has touched (TLB and L2 misses), from other lines of them (L2
+//     misses), and again (hits).
 // Times come from clock64 inside the kernels (cycles at the SM clock the run reports), minima over
 // repetitions, so they are latencies of an idle GPU, not of a busy one.
 #include <cuda_runtime.h>
@@ -181,11 +182,29 @@ __global__ void pageChain(const char* base, size_t stride, int n, long long* cyc
   if (acc == 42) *cycles = 0;
 }
 
+// Device memory of one run, freed however the run ends.
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  cudaError_t allocate(size_t count) { return cudaMalloc(&ptr_, count * sizeof(T)); }
+  T* get() const { return ptr_; }
+
+ private:
+  T* ptr_ = nullptr;
+};
+
 struct Device {
   double ghz = 0;
   long long* cycles = nullptr;
   long long* cycles2 = nullptr;
   int* sms = nullptr;
+  int* sink = nullptr;  // where a loaded value that happens to be clockAfter's marker goes
 };
 
 bool readCycles(const long long* from, long long* to) {
@@ -207,7 +226,7 @@ bool chainRow(const Device& d, uint64_t* word, const char* name) {
 
 template <int kFlavour, int kLoads>
 bool warpLoadRow(const Device& d, const int4* buffer, const char* name) {
-  warpLoads<kFlavour, kLoads><<<1, 32>>>(buffer, 256, d.cycles, d.sms);
+  warpLoads<kFlavour, kLoads><<<1, 32>>>(buffer, 256, d.cycles, d.sink);
   TEST_CUDA_CHECK(cudaGetLastError());
   long long c = 0;
   if (!readCycles(d.cycles, &c)) return false;
@@ -234,16 +253,25 @@ bool run() {
   d.ghz = clockKhz / 1e6;
   printf("# memrates on %s, %d SMs, cycles at %d MHz (the SM clock's maximum; the run keeps it there)\n", prop.name, smCount,
          clockKhz / 1000);
-  constexpr size_t kBig = size_t(2) << 30;  // 2 GB: 1 GB of pages for the TLB rows, 512 MB of rows, the rest loads
-  char* big = nullptr;
-  TEST_CUDA_CHECK(cudaMalloc(&big, kBig));
-  TEST_CUDA_CHECK(cudaMalloc(&d.cycles, 2 * sizeof(long long)));
-  TEST_CUDA_CHECK(cudaMalloc(&d.cycles2, sizeof(long long)));
-  TEST_CUDA_CHECK(cudaMalloc(&d.sms, 2 * sizeof(int)));
+  constexpr size_t kBig = size_t(1) << 30;  // words, then loads from 1 MB, rows from 512 MB
+  DeviceArray<char> bigArray, untouchedArray;
+  DeviceArray<long long> cycles, cycles2;
+  DeviceArray<int> sms, sink;
+  TEST_CUDA_CHECK(bigArray.allocate(kBig));
+  TEST_CUDA_CHECK(untouchedArray.allocate(size_t(800) << 20));  // 400 pages of 2 MB for the page rows
+  TEST_CUDA_CHECK(cycles.allocate(1));
+  TEST_CUDA_CHECK(cycles2.allocate(1));
+  TEST_CUDA_CHECK(sms.allocate(2));
+  TEST_CUDA_CHECK(sink.allocate(1));
+  d.cycles = cycles.get();
+  d.cycles2 = cycles2.get();
+  d.sms = sms.get();
+  d.sink = sink.get();
+  char* big = bigArray.get();
   bool ok = cudaMemset(big, 1, kBig) == cudaSuccess;
-  uint64_t* words = reinterpret_cast<uint64_t*>(big + (size_t(1) << 30));
-  const int4* loads = reinterpret_cast<const int4*>(big + (size_t(1) << 30) + (size_t(1) << 20));
-  int4* rows = reinterpret_cast<int4*>(big + (size_t(3) << 29));
+  uint64_t* words = reinterpret_cast<uint64_t*>(big);
+  const int4* loads = reinterpret_cast<const int4*>(big + (size_t(1) << 20));
+  int4* rows = reinterpret_cast<int4*>(big + (size_t(1) << 29));
 
   printf("== dependent accesses of one word (L2 hits), one thread\n");
   ok = ok && chainRow<kVolatile>(d, words, "ld.volatile (relaxed.sys)") && chainRow<kRelaxedGpu>(d, words, "ld.relaxed.gpu") &&
@@ -288,28 +316,31 @@ bool run() {
     }
   }
   if (ok) {
-    printf("== first touches of 2 MB pages, dependent loads, one thread (a cold page also misses L2)\n");
+    // Pages nothing has touched since cudaMalloc (their first translation and their lines' first
+    // loads), then other lines of the same pages (translated, lines still in DRAM), then the first
+    // lines again (L2 hits): the first two differ by a TLB miss, the last two by an L2 miss.
+    printf("== 2 MB pages, dependent loads a page apart, one thread\n");
     const size_t page = size_t(2) << 20;
+    char* untouched = untouchedArray.get();
+    size_t used = 0;
     for (int pages : {16, 128, 256}) {
-      long long cold = 0, warm = 0;
-      pageChain<<<1, 1>>>(big, page, pages, d.cycles);
-      ok = cudaGetLastError() == cudaSuccess && readCycles(d.cycles, &cold);
-      pageChain<<<1, 1>>>(big, page, pages, d.cycles);
-      ok = ok && cudaGetLastError() == cudaSuccess && readCycles(d.cycles, &warm);
       if (!ok) break;
-      printf("  %3d pages: first %5.0f ns a load, again %5.0f ns\n", pages, cold / d.ghz, warm / d.ghz);
-      ok = cudaMemset(big, 2, size_t(1) << 30) == cudaSuccess;  // the next count starts cold again
+      long long first = 0, otherLines = 0, again = 0;
+      char* region = untouched + used;
+      used += pages * page;
+      pageChain<<<1, 1>>>(region, page, pages, d.cycles);
+      ok = cudaGetLastError() == cudaSuccess && readCycles(d.cycles, &first);
+      pageChain<<<1, 1>>>(region + (size_t(1) << 20), page, pages, d.cycles);
+      ok = ok && cudaGetLastError() == cudaSuccess && readCycles(d.cycles, &otherLines);
+      pageChain<<<1, 1>>>(region, page, pages, d.cycles);
+      ok = ok && cudaGetLastError() == cudaSuccess && readCycles(d.cycles, &again);
+      if (ok) {
+        printf("  %3d pages: untouched %5.0f ns a load, other lines of them %5.0f ns, the first lines again %5.0f ns\n", pages,
+               first / d.ghz, otherLines / d.ghz, again / d.ghz);
+      }
     }
-    long long inPage = 0;
-    pageChain<<<1, 1>>>(big + (size_t(1) << 29), 65536, 256, d.cycles);  // 8 pages, 64 KB apart: L2 misses
-    ok = ok && cudaGetLastError() == cudaSuccess && readCycles(d.cycles, &inPage);
-    if (ok) printf("  64 KB apart in 8 pages (L2 misses, few TLB misses): %5.0f ns a load\n", inPage / d.ghz);
   }
   if (!ok) fprintf(stderr, "memrates: a CUDA call failed: %s\n", cudaGetErrorString(cudaGetLastError()));
-  cudaFree(big);
-  cudaFree(d.cycles);
-  cudaFree(d.cycles2);
-  cudaFree(d.sms);
   return ok;
 }
 
