@@ -13,29 +13,33 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "kernels/common/device_sync.cuh"
+#include "kernels/common/flagged_lines.cuh"
 #include "tests/bench/bench_common.h"
 #include "tests/common/nccl_session.h"  // TEST_CUDA_CHECK
 
 namespace unifab::bench {
 namespace {
 
-enum LoadFlavour { kVolatile, kRelaxedSys, kRelaxedGpu, kCacheGlobal, kAcquireGpu, kFlavours };
+// The kernels' own loads (kernels/common: the relaxed system-scope word, the acquire, a flagged
+// line's piece) and, to compare, two they do not use.
+enum LoadFlavour { kRelaxedSys, kRelaxedGpu, kCacheGlobal, kAcquireGpu, kFlavours };
 
 template <int kFlavour>
 __device__ __forceinline__ uint64_t load8(const uint64_t* p) {
+  if (kFlavour == kRelaxedSys) return unifab::kernels::loadRelaxed(p);
+  if (kFlavour == kAcquireGpu) return unifab::kernels::loadAcquireGpu(p);
   uint64_t v;
-  if (kFlavour == kVolatile) asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  if (kFlavour == kRelaxedSys) asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   if (kFlavour == kRelaxedGpu) asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   if (kFlavour == kCacheGlobal) asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  if (kFlavour == kAcquireGpu) asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
 
+// kRelaxedSys: a flagged line's piece as the LL receivers poll it (loadPieceIf).
 template <int kFlavour>
 __device__ __forceinline__ void load16(const int4* p, int4& v) {
-  if (kFlavour == kVolatile) {
-    asm volatile("ld.volatile.global.v4.s32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  if (kFlavour == kRelaxedSys) {
+    unifab::kernels::loadPieceIf(true, p, v);
   } else {
     asm volatile("ld.global.cg.v4.s32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
   }
@@ -83,10 +87,10 @@ __global__ void pingPong(uint64_t* a, uint64_t* b, int n, long long* cycles, int
   for (uint64_t k = 1; k <= static_cast<uint64_t>(n); ++k) {
     uint64_t* mine = blockIdx.x == 0 ? a : b;
     const uint64_t* theirs = blockIdx.x == 0 ? b : a;
-    if (blockIdx.x == 0) asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(mine), "l"(k) : "memory");
-    while (load8<kRelaxedSys>(theirs) != k) {
+    if (blockIdx.x == 0) unifab::kernels::storeRelaxed(mine, k);
+    while (unifab::kernels::loadRelaxed(theirs) != k) {
     }
-    if (blockIdx.x == 1) asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(mine), "l"(k) : "memory");
+    if (blockIdx.x == 1) unifab::kernels::storeRelaxed(mine, k);
   }
   if (blockIdx.x == 0) *cycles = (clock64() - start) / n;
 }
@@ -136,12 +140,12 @@ __global__ void blockMessages(const int4* source, int4* rowsOut, bool load, int 
 #pragma unroll
     for (int i = 0; i < kMessageLoads; ++i) {
       if (load) {
-        load16<kVolatile>(from + i * 32, v[i]);
+        load16<kRelaxedSys>(from + i * 32, v[i]);
       } else {
         v[i] = make_int4(r, i, lane, warp);
       }
     }
-    // (With no rows the loaded values go unused: volatile loads are issued all the same.)
+    // (With no rows the loaded values go unused: the pieces' ld.volatile is issued all the same.)
     for (int row = 0; row < rows; ++row) {
 #pragma unroll
       for (int i = 0; i < kMessageLoads; ++i) to[row * kMessageVectors + i * 32] = v[i];
@@ -274,7 +278,7 @@ bool run() {
   int4* rows = reinterpret_cast<int4*>(big + (size_t(1) << 29));
 
   printf("== dependent accesses of one word (L2 hits), one thread\n");
-  ok = ok && chainRow<kVolatile>(d, words, "ld.volatile (relaxed.sys)") && chainRow<kRelaxedGpu>(d, words, "ld.relaxed.gpu") &&
+  ok = ok && chainRow<kRelaxedSys>(d, words, "ld.relaxed.sys (loadRelaxed)") && chainRow<kRelaxedGpu>(d, words, "ld.relaxed.gpu") &&
        chainRow<kCacheGlobal>(d, words, "ld.global.cg") && chainRow<kAcquireGpu>(d, words, "ld.acquire.gpu") &&
        chainRow<kFlavours>(d, words, "atomicAdd u64, returning") && chainRow<kFlavours + 1>(d, words, "atomicAdd u32, returning");
   if (ok) {
@@ -293,7 +297,7 @@ bool run() {
   }
   if (ok) {
     printf("== one warp's 16-byte loads a lane, all in flight (L2 hits)\n");
-    ok = warpLoadRows<kVolatile>(d, loads, "ld.volatile") && warpLoadRows<kCacheGlobal>(d, loads, "ld.global.cg");
+    ok = warpLoadRows<kRelaxedSys>(d, loads, "loadPieceIf") && warpLoadRows<kCacheGlobal>(d, loads, "ld.global.cg");
   }
   if (ok) {
     printf("== one block (one SM): each warp loads a 7 KB message and/or stores it into rows (slowest warp)\n");
