@@ -154,7 +154,7 @@ enum TracePoint : int {
   kTraceCombineEnd,           // last block to finish
   // Low-latency kernels (each warp records its own times, after its work, so that recording adds
   // no round trip to the phases it measures):
-  kTraceLlDispatchStarted,    // each warp: its block's barrier passed with the call's epochs (its first inputs were issued before)
+  kTraceLlDispatchStarted,    // each warp: the call's epochs in, where it first needed them (its first inputs were issued before)
   kTraceLlDispatchLoaded,     // each sending warp: its first part's inputs arrived (quantized)
   kTraceLlDispatchLinesStored,  // each sending warp: its last part's lines stored
   kTraceLlDispatchSent,       // each sending warp: its last item (part or bitmap word) done

@@ -57,30 +57,62 @@ __device__ __forceinline__ bool waitUntil(const LlView& g, Ready ready) {
 __device__ __forceinline__ bool warpAll(bool ok) { return __all_sync(0xffffffff, ok) != 0; }
 
 // What a block needs of the call before any of its warps writes: the epochs of the operation's two
-// phases, the epoch of the last send into the set, and whether the group has timed out. Lanes 0..3
-// of the block's first warp each load one of the four words (loadStartWord), issued before that
-// warp's first inputs, and the block's barrier (blockStarted) hands them to every warp through
-// shared memory: the line that holds the counters takes one load per block and word, not one per
-// warp (with 1792 warps at 128 tokens, the blocks had their epochs 0.6 to 3 us after the start).
+// phases, the epoch of the last send into the set, and whether the group has timed out. The last
+// four lanes of the block's last warp (a receiving warp, which needs the epochs before anything
+// else) each load one of the four words (loadStartWord) at the kernel's start and hand them to every
+// warp through shared memory (BlockStart): the line that holds
+// the counters takes one load per block and word, not one per warp (with 1792 warps at 128 tokens,
+// the blocks had their epochs 0.6 to 3 us after the start).
 struct LlEpochs {
   uint64_t send, receive, lastUse;
   bool timedOut;
 };
 
-__device__ __forceinline__ uint64_t loadStartWord(const LlView& g, const LlOpCounters* c, int set, int lane) {
-  if (lane == 3) return static_cast<uint64_t>(*reinterpret_cast<const volatile int*>(g.error));
-  const uint64_t* word = lane == 0 ? &c->send : lane == 1 ? &c->receive : &c->setUse[set];
-  return lane < 3 ? loadRelaxed(word) : 0;
+// The hand-over: the four words and an mbarrier that their four threads arrive on. Each warp waits
+// for it where it first needs the epochs (CallEpochs), not at a block barrier, which held every warp
+// until the block's slowest had issued its first loads (a warp with more than four 16-byte loads a
+// lane in flight stalls at the next; docs/benchmarks/ep-ll.md, twenty-sixth session): a part warp
+// now checks its token's ids, and a combine warp sums its rows, while the epochs are on their way.
+struct BlockStart {
+  uint64_t word[4];
+  uint64_t arrivals;  // mbarrier: the four threads' arrivals complete its phase 0
+};
+
+__device__ __forceinline__ uint32_t sharedAddress(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// The threads that load the start words: the block's last four. Lanes 0-3 of warp 0, a sending warp
+// at one token, published them later (+0.3 to +0.5 us on the 1-token dispatch, docs/benchmarks/ep-ll.md).
+constexpr int kFirstStartThread = kThreads - 4;
+
+// The whole block, first thing: thread 0 readies the mbarrier (a block barrier where the warps arrive
+// together, at the kernel's start).
+__device__ __forceinline__ void initBlockStart(BlockStart& start) {
+  if (threadIdx.x == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 4;" ::"r"(sharedAddress(&start.arrivals)) : "memory");
+  __syncthreads();
 }
 
-// Every block, with its first four threads' start words (loadStartWord): the call's epochs in `e`,
-// and false if the group has timed out (the same answer in the whole block).
-__device__ __forceinline__ bool blockStarted(uint64_t* shared, uint64_t startWord, LlEpochs& e) {
-  if (threadIdx.x < 4) shared[threadIdx.x] = startWord;
-  __syncthreads();
-  e = {shared[0] + 1, shared[1] + 1, shared[2], (shared[3] & kErrorTimeout) != 0};
-  return !e.timedOut;
+// The start words' threads: their word (loadStartWord) in, and their arrival.
+__device__ __forceinline__ void publishStartWord(BlockStart& start, uint64_t word) {
+  if (threadIdx.x >= kFirstStartThread) {
+    start.word[threadIdx.x - kFirstStartThread] = word;
+    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(sharedAddress(&start.arrivals)) : "memory");
+  }
 }
+
+// A warp's view of the call's epochs, waited for once, where first needed.
+struct CallEpochs {
+  BlockStart* start;
+  LlEpochs e;
+  bool known;
+};
+
+// Start word `which` (0..3): the two phases' last epochs, the set's last send, the error word.
+__device__ __forceinline__ uint64_t loadStartWord(const LlView& g, const LlOpCounters* c, int set, int which) {
+  if (which == 3) return static_cast<uint64_t>(*reinterpret_cast<const volatile int*>(g.error));
+  const uint64_t* word = which == 0 ? &c->send : which == 1 ? &c->receive : &c->setUse[set];
+  return loadRelaxed(word);
+}
+
 
 // A kernel's parameters sit in a constant bank that each launch fills anew, so its first reads of
 // them miss the constant cache, and a warp waits for each missing line in turn (Nsight Compute on
@@ -184,11 +216,42 @@ __device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, int
   }
 }
 
-// Thread 0 of every block after blockStarted, off the critical path: the last block to get there
+// The call's epochs in epochs.e once the block's start words are in (the first call waits for them,
+// bounded by the group's timeout; `stamps.started` notes when): false, in the whole warp, if the
+// group has timed out.
+__device__ __forceinline__ bool awaitStartWords(const LlView& g, CallEpochs& epochs, LlWarpStamps& stamps) {
+  const uint32_t arrivals = sharedAddress(&epochs.start->arrivals);
+  uint64_t since = 0;
+  for (unsigned polls = 0;; ++polls) {
+    uint32_t done;
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(arrivals)
+        : "memory");
+    if (done != 0) break;
+    if (polls == 0) {
+      since = globalTimerNs();
+    } else if (globalTimerNs() - since > g.timeoutNs) {
+      raiseError(g.error, g.hostError, kErrorTimeout);
+      return false;
+    }
+  }
+  const uint64_t* word = epochs.start->word;
+  epochs.e = {word[0] + 1, word[1] + 1, word[2], (word[3] & kErrorTimeout) != 0};
+  epochs.known = true;
+  stamps.started = traceNow(g);
+  return !epochs.e.timedOut;
+}
+__device__ __forceinline__ bool haveEpochs(const LlView& g, CallEpochs& epochs, LlWarpStamps& stamps) {
+  return epochs.known ? !epochs.e.timedOut : awaitStartWords(g, epochs, stamps);
+}
+
+// Thread 0 of every block once its epochs are known, off the critical path: the last block to get there
 // records the send phase's epoch for the next call (no block of this call reads the counters again).
 __device__ __forceinline__ void sendCounted(const LlView& g, LlOpCounters* c, int set, uint64_t epoch) {
   if (threadIdx.x != 0) return;
-  __threadfence();  // the block's reads of the counters (done before blockStarted), before its arrival
+  __threadfence();  // the block's reads of the counters (in before the epochs were), before its arrival
   if (atomicAdd(&g.counters->finished[0], 1u) == gridDim.x - 1) {
     g.counters->finished[0] = 0;
     c->setUse[set] = epoch;
@@ -427,10 +490,11 @@ __device__ void storeHeaderLines(const LlView& g, int set, int t, uint64_t ranks
 // The send phase of the warp `warp` of `warps`. `partSeen` and `part` (loadPartReleased, loadPart:
 // its first item's if that is a part), `bitsSeen` and `bitmapMask` (loadBitsReleased,
 // tokenRankMask: its first item's if that is a bitmap word) were loaded with the epochs.
-__device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set, const LlEpochs& e, int warp, int warps,
+__device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set, CallEpochs& epochs, int warp, int warps,
                              uint64_t partSeen, uint64_t bitsSeen, uint64_t bitmapMask, PartInput& part,
                              char* staging, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
+  const LlEpochs& e = epochs.e;  // valid once haveEpochs: each path waits for it before its first write
   // Bitmap word c goes to every rank: slots 32 c .. 32 c + 31 of this rank, read by every rank.
   auto bitsFree = [&](int c, uint64_t seen) {
     const int t = c * kWarp + lane;
@@ -460,7 +524,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   // after its own items: it has none unless the parts and bitmap words reach 16 x gridDim.x (a
   // kernel capped at the GPU's SMs, or a send-only one).
   const auto clearCounts = [&] {
-    if (warp != warps - 1) return;
+    if (warp != warps - 1 || !haveEpochs(g, epochs, stamps)) return;
     for (int x = lane; x < g.numLocalExperts; x += kWarp) local.recvCount[x] = 0;
     __syncwarp();
     if (lane == 0) {
@@ -479,7 +543,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     const uint64_t ranks = ranksOf(g, id);
     stampOnce(g, kIdsIn, [&] { return traceNowAfter(g, static_cast<uint32_t>(ranks)); });
     if (ranks == 0) continue;
-    if (!slotFree(t, ranks, seen)) return;
+    if (!haveEpochs(g, epochs, stamps) || !slotFree(t, ranks, seen)) return;
     const int dataLines = llDataLines(in.fp8);
     const size_t headerAt = static_cast<size_t>(parts) * dataLines * kLineBytes;
     // Part 0 sends the header lines first, before its values are cast, so that the receiver hands
@@ -567,7 +631,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     const uint64_t mask = c == preloadedWord ? bitmapMask : tokenRankMask(g, in, t);
     stampOnce(g, kMaskIn, [&] { return traceNowAfter(g, __reduce_or_sync(0xffffffff, static_cast<unsigned>(mask))); });
     if (t < g.maxTokens) local.tokenRanks[t] = mask;
-    if (!bitsFree(c, seen)) return;
+    if (!haveEpochs(g, epochs, stamps) || !bitsFree(c, seen)) return;
     for (int d = 0; d < g.nRanks; ++d) {
       const unsigned bits = __ballot_sync(0xffffffff, (mask >> d) & 1ULL);
       if (lane == d % kWarp) {
@@ -805,14 +869,16 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
 }
 
 // One dispatch kernel runs the send phase, the receive phase or both. Each warp loads its first
-// inputs and the release words of the slots it writes first while its block's first warp loads the
-// call's epochs, all in one round trip;
+// inputs and the release words of the slots it writes first while its block's last warp loads the
+// call's epochs (BlockStart), all in one round trip;
 // each phase's epoch is recorded by the block that gets there last, without a barrier between the
 // phases; every receiving warp releases each slot it has read (the per-expert counts are complete
 // when every block is done).
 __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool send, bool receive,
                                                                 const __grid_constant__ LlDispatchInput in,
                                                                 const __grid_constant__ LlView g) {
+  __shared__ BlockStart blockStart;
+  initBlockStart(blockStart);
   __shared__ int parameterSink[kWarps];
   touchParameterLines(g, in.numTokens, in.ue8m0, parameterSink);
   waitForPrerequisiteGrid();
@@ -824,10 +890,9 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
   traceKernelStart(g);
   LlWarpStamps stamps;
   clearExtraStamps(g);
-  __shared__ uint64_t startWords[4];
   // Per warp: the part stream it sends, then the scales of the rows it receives.
   __shared__ alignas(16) char partStreams[kWarps][kPartStreamBytes];
-  const uint64_t startWord = threadIdx.x < 4 ? loadStartWord(g, counters, set, lane) : 0;
+  const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, set, threadIdx.x - kFirstStartThread) : 0;
   uint64_t partSeen = 0, bitsSeen = 0, bitmapMask = 0;
   PartInput part;
   const int messageItems = dispatchMessageItems(g, in);
@@ -840,20 +905,21 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
       bitmapMask = tokenRankMask(g, in, (warp - messageItems) * kWarp + lane);
     }
   }
-  LlEpochs e;
-  if (!blockStarted(startWords, startWord, e)) return;
-  stamps.started = traceNow(g);
-  if (receive) receiveCounted(g, counters, e.receive);
+  publishStartWord(blockStart, startWord);
+  CallEpochs epochs{&blockStart, {}, false};
   if (send) {
-    dispatchSend(g, in, set, e, warp, warps, partSeen, bitsSeen, bitmapMask, part, partStreams[threadIdx.x / kWarp], stamps);
+    dispatchSend(g, in, set, epochs, warp, warps, partSeen, bitsSeen, bitmapMask, part, partStreams[threadIdx.x / kWarp], stamps);
     if (warp < messageItems + g.layout.bitWords) stamps.sent = traceNow(g);
-    sendCounted(g, counters, set, e.send);
   }
+  if (!haveEpochs(g, epochs, stamps)) return;
+  if (send) sendCounted(g, counters, set, epochs.e.send);
   if (receive) {
-    dispatchReceive(g, in, set, e.receive, reinterpret_cast<float*>(partStreams[threadIdx.x / kWarp]),
+    receiveCounted(g, counters, epochs.e.receive);
+    dispatchReceive(g, in, set, epochs.e.receive, reinterpret_cast<float*>(partStreams[threadIdx.x / kWarp]),
                     send ? messageItems + g.layout.bitWords : 0, stamps);
   }
-  traceWarp(g, kTraceLlDispatchStarted, kTraceLlCombineStarted - kTraceLlDispatchStarted, send ? e.send : e.receive, stamps);
+  traceWarp(g, kTraceLlDispatchStarted, kTraceLlCombineStarted - kTraceLlDispatchStarted,
+            send ? epochs.e.send : epochs.e.receive, stamps);
 }
 
 // ---- combine ----------------------------------------------------------------------------------
@@ -920,9 +986,10 @@ __device__ __forceinline__ void loadRowOf(const LlView& g, const LlCombineInput&
 
 // The send phase of warp `warp` of `warps`: items (slot, part) in order. The first item's release
 // word (`firstSeen`) and `firstRow` / `firstWeight` (loadRowOf) were loaded with the epochs.
-__device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, const LlEpochs& e, int warp, int warps,
+__device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, CallEpochs& epochs, int warp, int warps,
                             uint64_t firstSeen, int firstRow, float firstWeight, char* staging, LlWarpStamps& stamps) {
   const int lane = threadIdx.x % kWarp;
+  const LlEpochs& e = epochs.e;  // valid once haveEpochs: waited for after the rows are summed
   const int parts = llCombineParts(g.hidden);
   const int vectors = g.hidden / 8;
   const int items = g.nRanks * g.maxTokens * parts;
@@ -967,6 +1034,7 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     const int payloadBytes = llCombinePartValues(g.hidden, p) * 2;
     const int lines = linesFor(payloadBytes);
     LineRun<kPartGroups> run;
+    if (!haveEpochs(g, epochs, stamps)) return;
     run.stage(staging, payloadBytes, e.send, lane);
     // Rank s's part p of token t, free once s has read what this rank last wrote there.
     if (!warpAll(released<1>(g, combineReleased(g, s, set, t, p), e.lastUse, seen))) return;
@@ -1050,6 +1118,8 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
 __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool send, bool receive,
                                                                LlCombineInput in,
                                                                const __grid_constant__ LlView g) {
+  __shared__ BlockStart blockStart;
+  initBlockStart(blockStart);
   __shared__ int parameterSink[kWarps];
   touchParameterLines(g, in.numTokens, in.combinedX != nullptr, parameterSink);
   waitForPrerequisiteGrid();
@@ -1062,8 +1132,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   __shared__ alignas(16) char partStaging[kWarps][kPartStagingBytes];
   traceKernelStart(g);
   LlWarpStamps stamps;
-  __shared__ uint64_t startWords[4];
-  const uint64_t startWord = threadIdx.x < 4 ? loadStartWord(g, counters, set, lane) : 0;
+  const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, set, threadIdx.x - kFirstStartThread) : 0;
   uint64_t firstSeen = 0, firstRanks = 0;
   int firstRow = -1;
   float firstWeight = 0.0f;
@@ -1074,17 +1143,19 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
     loadRowOf(g, in, set, slot, lane, firstRow, firstWeight);
   }
   if (receive && receiveWarp < in.numTokens * parts) firstRanks = __ldcg(g.sets[set].tokenRanks + quotientOf(g.combineParts, receiveWarp));
-  LlEpochs e;
-  if (!blockStarted(startWords, startWord, e)) return;
-  stamps.started = traceNow(g);
-  if (receive) receiveCounted(g, counters, e.receive);
+  publishStartWord(blockStart, startWord);
+  CallEpochs epochs{&blockStart, {}, false};
   if (send) {
-    combineSend(g, in, set, e, warp, warps, firstSeen, firstRow, firstWeight, partStaging[threadIdx.x / kWarp], stamps);
+    combineSend(g, in, set, epochs, warp, warps, firstSeen, firstRow, firstWeight, partStaging[threadIdx.x / kWarp], stamps);
     if (warp < g.nRanks * g.maxTokens * parts) stamps.sent = traceNow(g);
-    sendCounted(g, counters, set, e.send);
   }
-  if (receive) combineReceive(g, in, set, e.receive, receiveWarp, warps, firstRanks, stamps);
-  traceWarp(g, kTraceLlCombineStarted, kTracePoints - kTraceLlCombineStarted, send ? e.send : e.receive, stamps);
+  if (!haveEpochs(g, epochs, stamps)) return;
+  if (send) sendCounted(g, counters, set, epochs.e.send);
+  if (receive) {
+    receiveCounted(g, counters, epochs.e.receive);
+    combineReceive(g, in, set, epochs.e.receive, receiveWarp, warps, firstRanks, stamps);
+  }
+  traceWarp(g, kTraceLlCombineStarted, kTracePoints - kTraceLlCombineStarted, send ? epochs.e.send : epochs.e.receive, stamps);
 }
 
 // Both kernels start with the parameter reads alone, then wait for the stream's previous kernel
