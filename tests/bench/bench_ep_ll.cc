@@ -86,6 +86,10 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
   // scales) and one BF16 row handed to the peer by a kernel of one block per GPU, with fenced flags
   // or flagged lines (tests/bench/message_floor.h).
   const bool floor = !run.ops.empty() && run.wants("floor") && env.nRanks == 2;
+  const bool launchFloor = !run.ops.empty() && run.wants("launch");
+  int gpu = 0, deviceSms = 0;
+  TEST_CUDA_CHECK(cudaGetDevice(&gpu));
+  TEST_CUDA_CHECK(cudaDeviceGetAttribute(&deviceSms, cudaDevAttrMultiProcessorCount, gpu));
   const size_t floorPayloads[2] = {static_cast<size_t>(run.hidden) + run.hidden / 128 * 4, static_cast<size_t>(run.hidden) * 2};
   const size_t floorLanding = floorLandingBytes(floorPayloads[1]);
   // Two areas, [lines landing | fenced landing | flags] each, taken by the launch's epoch parity: a
@@ -135,6 +139,22 @@ bool runLlRank(const LlRun& run, const test::RankEnvironment& env) {
                               "floor: BF16 row, fenced flags", "floor: BF16 row, flagged lines"};
       if (pass == 0) {
         rows.push_back({names[which], 1, t, 0});
+      } else if (nextRow < rows.size()) {
+        rows[nextRow].t.kernelUs = t.kernelUs;
+        rows[nextRow].t.kernelP99Us = t.kernelP99Us;
+        ++nextRow;
+      }
+    }
+    // The launch floor (only when --ops names "launch"): an empty grid of one block, and one as
+    // large as the LL kernels' largest (a block of 16 warps and ~30 KB of shared memory on every
+    // SM), launched as they are (tests/bench/message_floor.h): what a kernel time holds before work.
+    for (int which = 0; launchFloor && which < 2; ++which) {
+      const int blocks = which == 0 ? 1 : deviceSms;
+      auto launch = [&] { return launchEmptyGrid(blocks, 512, 30 * 1024, run.programmatic, session.stream()) == cudaSuccess; };
+      OpTimes t;
+      if (!timeOp(session, timer, run.iters, run.warmup, launch, &t)) return false;
+      if (pass == 0) {
+        rows.push_back({which == 0 ? "launch: empty grid, 1 block" : "launch: empty grid, every SM", 0, t, 0});
       } else if (nextRow < rows.size()) {
         rows[nextRow].t.kernelUs = t.kernelUs;
         rows[nextRow].t.kernelP99Us = t.kernelP99Us;
@@ -361,11 +381,13 @@ int runEpLowLatency(Args& args, const char* self) {
   }
   const int tokenCap = run.maxTokens > 0 ? run.maxTokens : 1024;
   bool tokensOk = !run.tokens.empty() && run.maxTokens >= 0 && run.maxTokens <= 1024;
-  for (int t : run.tokens) tokensOk = tokensOk && t >= 1 && t <= tokenCap;
+  // 0 tokens: a rank with nothing to send this step still calls, and waits for the others' words.
+  for (int t : run.tokens) tokensOk = tokensOk && t >= 0 && t <= tokenCap;
+  tokensOk = tokensOk && (run.maxTokens > 0 || *std::max_element(run.tokens.begin(), run.tokens.end()) > 0);
   if ((dtype != "bf16" && dtype != "fp8") || !tokensOk || flushMib < 0 || flushMib > 4096) {
     fprintf(stderr,
             "unifab-bench ep --mode ll: --dtype is bf16 or fp8 (got %s); --max-tokens is in 0..1024 and --tokens a list"
-            " in 1..--max-tokens (1024 when 0); --flush-mib is in 0..4096 (got %ld)\n",
+            " in 0..--max-tokens (1024 when 0; not all 0 without it); --flush-mib is in 0..4096 (got %ld)\n",
             dtype.c_str(), flushMib);
     return 2;
   }

@@ -4,6 +4,7 @@
 
 #include "kernels/common/device_sync.cuh"
 #include "kernels/common/flagged_lines.cuh"
+#include "kernels/common/grid_dependency.cuh"
 
 namespace unifab::bench {
 namespace {
@@ -153,6 +154,11 @@ __global__ void __launch_bounds__(2 * kFloorWarps * kWarp) messageFloorKernel(
   }
 }
 
+__global__ void emptyGridKernel() {
+  unifab::kernels::waitForPrerequisiteGrid();
+  unifab::kernels::allowDependentLaunch();
+}
+
 }  // namespace
 
 size_t floorLandingBytes(size_t payloadBytes) {
@@ -166,6 +172,25 @@ cudaError_t launchMessageFloor(const char* source, char* peerLanding, uint64_t* 
   messageFloorKernel<<<1, 2 * kFloorWarps * kWarp, 0, stream>>>(source, peerLanding, peerFlags, landing, flags, out,
                                                                  payloadBytes, epoch, lines, timeoutNs, timedOut);
   return cudaGetLastError();
+}
+
+cudaError_t launchEmptyGrid(int blocks, int threads, size_t sharedBytes, bool programmatic, cudaStream_t stream) {
+  if (sharedBytes > 48 * 1024) {
+    const cudaError_t raised = cudaFuncSetAttribute(emptyGridKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(sharedBytes));
+    if (raised != cudaSuccess) return raised;
+  }
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = sharedBytes;
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&config, emptyGridKernel);
 }
 
 }  // namespace unifab::bench
