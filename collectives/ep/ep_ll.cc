@@ -108,6 +108,7 @@ Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
   v.topk = config_.topk;
   v.maxTokens = config_.maxTokensPerRank;
   v.expertStride = v.nRanks * v.maxTokens;
+  v.counterBlocks = deviceSms_;  // every call's blocks: at most smsFor(), itself at most deviceSms_ (validateSms)
   v.localExperts = unifab::kernels::makeFastDivisor(v.numLocalExperts);
   v.ranks = unifab::kernels::makeFastDivisor(v.nRanks);
   v.tokens = unifab::kernels::makeFastDivisor(v.maxTokens);

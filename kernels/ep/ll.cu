@@ -109,7 +109,7 @@ struct CallEpochs {
 // Start word `which` (0..3): the two phases' last epochs, the set's last send, the error word.
 __device__ __forceinline__ uint64_t loadStartWord(const LlView& g, const LlOpCounters* c, int set, int which) {
   if (which == 3) return static_cast<uint64_t>(*reinterpret_cast<const volatile int*>(g.error));
-  const uint64_t* word = which == 0 ? &c->send : which == 1 ? &c->receive : &c->setUse[set];
+  const uint64_t* word = which == 0 ? &c->send[blockIdx.x] : which == 1 ? &c->receive[blockIdx.x] : &c->setUse[set][blockIdx.x];
   return loadRelaxed(word);
 }
 
@@ -247,28 +247,20 @@ __device__ __forceinline__ bool haveEpochs(const LlView& g, CallEpochs& epochs, 
   return epochs.known ? !epochs.e.timedOut : awaitStartWords(g, epochs, stamps);
 }
 
-// Thread 0 of every block once its epochs are known, off the critical path: the last block to get there
-// records the send phase's epoch for the next call (no block of this call reads the counters again).
-__device__ __forceinline__ void sendCounted(const LlView& g, LlOpCounters* c, int set, uint64_t epoch) {
+// Thread 0 of every block once its epochs are known: the call's epochs of the phases it runs, for
+// the next call, into the block's words (LlOpCounters). Plain stores: no block of this call reads
+// them again. The last block to arrive used to record them after a fence and a returning atomic,
+// in a sending and a receiving warp of every block (0-token dispatch: 4.1 us of kernel time, an
+// empty grid 0.9; docs/benchmarks/ep-ll.md, twenty-seventh session).
+__device__ __forceinline__ void recordEpochs(const LlView& g, LlOpCounters* c, int set, bool send, bool receive,
+                                             const LlEpochs& e) {
   if (threadIdx.x != 0) return;
-  __threadfence();  // the block's reads of the counters (in before the epochs were), before its arrival
-  if (atomicAdd(&g.counters->finished[0], 1u) == gridDim.x - 1) {
-    g.counters->finished[0] = 0;
-    c->setUse[set] = epoch;
-    c->send = epoch;
-  }
-}
-
-// The same for the receive phase, at its start: the last block to get there records its epoch for
-// the next call. The slots are released one by one as they are read (releaseSlot), so no block
-// waits at the end for the others. Lane 0 of the block's last warp, a receiving warp (they wait
-// long for their first data), leaves the sending warps alone.
-__device__ __forceinline__ void receiveCounted(const LlView& g, LlOpCounters* c, uint64_t epoch) {
-  if (threadIdx.x != kThreads - kWarp) return;
-  __threadfence();
-  if (atomicAdd(&g.counters->finished[1], 1u) == gridDim.x - 1) {
-    g.counters->finished[1] = 0;
-    c->receive = epoch;
+  for (int w = blockIdx.x; w < g.counterBlocks; w += gridDim.x) {
+    if (send) {
+      c->send[w] = e.send;
+      c->setUse[set][w] = e.send;
+    }
+    if (receive) c->receive[w] = e.receive;
   }
 }
 
@@ -912,9 +904,8 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
     if (warp < messageItems + g.layout.bitWords) stamps.sent = traceNow(g);
   }
   if (!haveEpochs(g, epochs, stamps)) return;
-  if (send) sendCounted(g, counters, set, epochs.e.send);
+  recordEpochs(g, counters, set, send, receive, epochs.e);
   if (receive) {
-    receiveCounted(g, counters, epochs.e.receive);
     dispatchReceive(g, in, set, epochs.e.receive, reinterpret_cast<float*>(partStreams[threadIdx.x / kWarp]),
                     send ? messageItems + g.layout.bitWords : 0, stamps);
   }
@@ -1150,11 +1141,8 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
     if (warp < g.nRanks * g.maxTokens * parts) stamps.sent = traceNow(g);
   }
   if (!haveEpochs(g, epochs, stamps)) return;
-  if (send) sendCounted(g, counters, set, epochs.e.send);
-  if (receive) {
-    receiveCounted(g, counters, epochs.e.receive);
-    combineReceive(g, in, set, epochs.e.receive, receiveWarp, warps, firstRanks, stamps);
-  }
+  recordEpochs(g, counters, set, send, receive, epochs.e);
+  if (receive) combineReceive(g, in, set, epochs.e.receive, receiveWarp, warps, firstRanks, stamps);
   traceWarp(g, kTraceLlCombineStarted, kTracePoints - kTraceLlCombineStarted, send ? epochs.e.send : epochs.e.receive, stamps);
 }
 

@@ -107,17 +107,20 @@ struct LlSetLocal {
   uint64_t* tokenRanks; // [maxTokens]: ranks each of this rank's tokens went to
 };
 
-// Device-side call counters of one operation: the epoch of the last completed call of each phase
-// and the last epoch written into each set.
+// Device-side call counters of one operation: the epoch of the last call of each phase and the
+// last epoch written into each set, one word per block. Block b of a call reads word b and writes
+// the call's epochs into words b, b + gridDim, ... below LlView::counterBlocks, so that every word
+// a later grid reads holds the same epoch whatever the grids' sizes, and no block waits for the
+// others: no fence, no atomic, nothing at the kernel's end (the next call reads them after this
+// grid is done, in stream order or past griddepcontrol.wait).
 struct LlOpCounters {
-  uint64_t send, receive;
-  uint64_t setUse[kLlSets];
+  uint64_t send[kMaxBlocks], receive[kMaxBlocks];
+  uint64_t setUse[kLlSets][kMaxBlocks];
 };
 
 struct LlCounters {
   LlOpCounters dispatch, combine;
   uint64_t countsCleared[kLlSets];  // epoch of the dispatch whose send phase cleared the set's recvCount
-  unsigned finished[2];  // blocks done with the [send, receive] phase of the running kernel
   uint64_t traceStart;   // global timer when block 0 started the running kernel (tracing only)
 };
 
@@ -130,6 +133,7 @@ struct LlView {
   unsigned long long* trace;  // [kTraceWords] or null: UNIFAB_EP_TRACE (the kTraceLl* points)
   int rank, nRanks, numExperts, numLocalExperts, hidden, topk, maxTokens;
   int expertStride;     // nRanks * maxTokens rows per local expert
+  int counterBlocks;    // LlOpCounters words each call advances: no grid of the group has more blocks
   // The kernels' divisors (kernels/common/fast_divisor.h): experts a rank, ranks, tokens a rank,
   // parts of a message (llParts) and of a partial (llCombineParts).
   FastDivisor localExperts, ranks, tokens, parts, combineParts;
