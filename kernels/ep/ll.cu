@@ -1151,6 +1151,8 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
 template <typename Input>
 cudaError_t launchLl(void (*kernel)(int, bool, bool, Input, LlView), const LlView& view, const Input& input,
                      const LlLaunch& launch) {
+  // A block past the counters' words would read an epoch no call wrote (LlOpCounters).
+  if (launch.numBlocks < 1 || launch.numBlocks > view.counterBlocks) return cudaErrorInvalidConfiguration;
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
