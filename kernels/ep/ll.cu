@@ -3,6 +3,7 @@
 #include <cuda_fp8.h>
 
 #include "kernels/common/bf16x8.cuh"
+#include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/device_sync.cuh"
 #include "kernels/common/flagged_lines.cuh"
 #include "kernels/common/grid_dependency.cuh"
@@ -77,8 +78,6 @@ struct BlockStart {
   uint64_t word[4];
   uint64_t arrivals;  // mbarrier: the four threads' arrivals complete its phase 0
 };
-
-__device__ __forceinline__ uint32_t sharedAddress(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
 // The threads that load the start words: the block's last four. Lanes 0-3 of warp 0, a sending warp
 // at one token, published them later (+0.3 to +0.5 us on the 1-token dispatch, docs/benchmarks/ep-ll.md).
