@@ -12,9 +12,16 @@ __device__ __forceinline__ uint32_t sharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// One arrival completes a phase (the issuing lane's, which also announces the bytes to expect).
+// kArrivals arrivals complete a phase (with bulk loads, one: the issuing lane's, which also
+// announces the bytes to expect).
+template <uint32_t kArrivals = 1>
 __device__ __forceinline__ void barrierInit(uint64_t* barrier) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sharedAddress(barrier)) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(sharedAddress(barrier)), "n"(kArrivals) : "memory");
+}
+
+// One arrival, releasing the calling thread's earlier writes to the threads that wait for the phase.
+__device__ __forceinline__ void barrierArrive(uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(sharedAddress(barrier)) : "memory");
 }
 
 // Makes barrier initialisation visible to the bulk-copy engine before its first use.
@@ -34,16 +41,22 @@ __device__ __forceinline__ void bulkLoad(void* sharedDst, const void* globalSrc,
                : "memory");
 }
 
+// Whether the barrier's phase of parity `phase` has completed (acquiring what its arrivals
+// released), after the hardware's own bounded wait for it.
+__device__ __forceinline__ bool barrierTryWait(uint64_t* barrier, uint32_t phase) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(done)
+      : "r"(sharedAddress(barrier)), "r"(phase)
+      : "memory");
+  return done != 0;
+}
+
 // Waits for the barrier's phase of parity `phase` to complete. No timeout: the phase depends only
 // on copies already issued from this GPU's memory system, never on another rank.
 __device__ __forceinline__ void barrierWait(uint64_t* barrier, uint32_t phase) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(sharedAddress(barrier)), "r"(phase)
-        : "memory");
+  while (!barrierTryWait(barrier, phase)) {
   }
 }
 

@@ -61,9 +61,8 @@ __device__ __forceinline__ bool warpAll(bool ok) { return __all_sync(0xffffffff,
 // phases, the epoch of the last send into the set, and whether the group has timed out. The last
 // four lanes of the block's last warp (a receiving warp, which needs the epochs before anything
 // else) each load one of the four words (loadStartWord) at the kernel's start and hand them to every
-// warp through shared memory (BlockStart): the line that holds
-// the counters takes one load per block and word, not one per warp (with 1792 warps at 128 tokens,
-// the blocks had their epochs 0.6 to 3 us after the start).
+// warp through shared memory (BlockStart): one load per block and word, not one per warp (with 1792
+// warps at 128 tokens reading one line, the blocks had their epochs 0.6 to 3 us after the start).
 struct LlEpochs {
   uint64_t send, receive, lastUse;
   bool timedOut;
@@ -86,7 +85,7 @@ constexpr int kFirstStartThread = kThreads - 4;
 // The whole block, first thing: thread 0 readies the mbarrier (a block barrier where the warps arrive
 // together, at the kernel's start).
 __device__ __forceinline__ void initBlockStart(BlockStart& start) {
-  if (threadIdx.x == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 4;" ::"r"(sharedAddress(&start.arrivals)) : "memory");
+  if (threadIdx.x == 0) barrierInit<4>(&start.arrivals);
   __syncthreads();
 }
 
@@ -94,7 +93,7 @@ __device__ __forceinline__ void initBlockStart(BlockStart& start) {
 __device__ __forceinline__ void publishStartWord(BlockStart& start, uint64_t word) {
   if (threadIdx.x >= kFirstStartThread) {
     start.word[threadIdx.x - kFirstStartThread] = word;
-    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(sharedAddress(&start.arrivals)) : "memory");
+    barrierArrive(&start.arrivals);
   }
 }
 
@@ -111,7 +110,6 @@ __device__ __forceinline__ uint64_t loadStartWord(const LlView& g, const LlOpCou
   const uint64_t* word = which == 0 ? &c->send[blockIdx.x] : which == 1 ? &c->receive[blockIdx.x] : &c->setUse[set][blockIdx.x];
   return loadRelaxed(word);
 }
-
 
 // A kernel's parameters sit in a constant bank that each launch fills anew, so its first reads of
 // them miss the constant cache, and a warp waits for each missing line in turn (Nsight Compute on
@@ -219,16 +217,9 @@ __device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, int
 // bounded by the group's timeout; `stamps.started` notes when): false, in the whole warp, if the
 // group has timed out.
 __device__ __forceinline__ bool awaitStartWords(const LlView& g, CallEpochs& epochs, LlWarpStamps& stamps) {
-  const uint32_t arrivals = sharedAddress(&epochs.start->arrivals);
   uint64_t since = 0;
   for (unsigned polls = 0;; ++polls) {
-    uint32_t done;
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(arrivals)
-        : "memory");
-    if (done != 0) break;
+    if (barrierTryWait(&epochs.start->arrivals, 0)) break;
     if (polls == 0) {
       since = globalTimerNs();
     } else if (globalTimerNs() - since > g.timeoutNs) {
@@ -861,10 +852,9 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
 
 // One dispatch kernel runs the send phase, the receive phase or both. Each warp loads its first
 // inputs and the release words of the slots it writes first while its block's last warp loads the
-// call's epochs (BlockStart), all in one round trip;
-// each phase's epoch is recorded by the block that gets there last, without a barrier between the
-// phases; every receiving warp releases each slot it has read (the per-expert counts are complete
-// when every block is done).
+// call's epochs (BlockStart), all in one round trip; each block records the call's epochs for the
+// next call (recordEpochs), without a barrier between the phases; every receiving warp releases
+// each slot it has read (the per-expert counts are complete when every block is done).
 __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool send, bool receive,
                                                                 const __grid_constant__ LlDispatchInput in,
                                                                 const __grid_constant__ LlView g) {
