@@ -1142,16 +1142,8 @@ cudaError_t launchLl(void (*kernel)(int, bool, bool, Input, LlView), const LlVie
                      const LlLaunch& launch) {
   // A block past the counters' words would read an epoch no call wrote (LlOpCounters).
   if (launch.numBlocks < 1 || launch.numBlocks > view.counterBlocks) return cudaErrorInvalidConfiguration;
-  cudaLaunchAttribute dependent{};
-  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(launch.numBlocks));
-  config.blockDim = dim3(kThreads);
-  config.stream = launch.stream;
-  config.attrs = &dependent;
-  config.numAttrs = launch.programmatic ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, launch.set, launch.send, launch.receive, input, view);
+  return launchMaybeDependent(kernel, dim3(static_cast<unsigned>(launch.numBlocks)), dim3(kThreads), 0, launch.stream,
+                              launch.programmatic, launch.set, launch.send, launch.receive, input, view);
 }
 
 }  // namespace

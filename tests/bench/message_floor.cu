@@ -175,22 +175,8 @@ cudaError_t launchMessageFloor(const char* source, char* peerLanding, uint64_t* 
 }
 
 cudaError_t launchEmptyGrid(int blocks, int threads, size_t sharedBytes, bool programmatic, cudaStream_t stream) {
-  if (sharedBytes > 48 * 1024) {
-    const cudaError_t raised = cudaFuncSetAttribute(emptyGridKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    static_cast<int>(sharedBytes));
-    if (raised != cudaSuccess) return raised;
-  }
-  cudaLaunchAttribute dependent{};
-  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = sharedBytes;
-  config.stream = stream;
-  config.attrs = &dependent;
-  config.numAttrs = programmatic ? 1 : 0;
-  return cudaLaunchKernelEx(&config, emptyGridKernel);
+  return kernels::launchMaybeDependent(emptyGridKernel, dim3(static_cast<unsigned>(blocks)), dim3(static_cast<unsigned>(threads)),
+                                       sharedBytes, stream, programmatic);
 }
 
 }  // namespace unifab::bench

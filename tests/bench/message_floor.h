@@ -27,8 +27,8 @@ cudaError_t launchMessageFloor(const char* source, char* peerLanding, uint64_t* 
                                const uint64_t* flags, char* out, size_t payloadBytes, uint64_t epoch, bool lines,
                                uint64_t timeoutNs, int* timedOut, cudaStream_t stream);
 
-// The least any kernel takes: a grid of `blocks` x `threads` with `sharedBytes` of dynamic shared
-// memory that waits for the stream's previous kernel (as a programmatic dependent launch when
+// The least any kernel takes: a grid of `blocks` x `threads` with `sharedBytes` (at most 48 KiB) of
+// dynamic shared memory that waits for the stream's previous kernel (as a programmatic dependent launch when
 // `programmatic`, like the operations' kernels) and ends. Its kernel time is what a profiler counts
 // for launching and retiring such a grid, before any work.
 cudaError_t launchEmptyGrid(int blocks, int threads, size_t sharedBytes, bool programmatic, cudaStream_t stream);
