@@ -111,14 +111,12 @@ Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
   v.counterBlocks = deviceSms_;  // every call's blocks: at most smsFor(), itself at most deviceSms_ (validateSms)
   v.localExperts = unifab::kernels::makeFastDivisor(v.numLocalExperts);
   v.ranks = unifab::kernels::makeFastDivisor(v.nRanks);
-  v.tokens = unifab::kernels::makeFastDivisor(v.maxTokens);
   v.parts = unifab::kernels::makeFastDivisor(kep::llParts(v.hidden));
   v.combineParts = unifab::kernels::makeFastDivisor(kep::llCombineParts(v.hidden));
   // The largest dividend of each (expert ids; slots; message parts; partial parts), within the
   // bound of its exactness, which the config's limits keep (collectives/ep/ep_group.cc).
   const uint64_t allSlots = static_cast<uint64_t>(v.nRanks) * v.maxTokens;
   const bool covered = fastDivisorCovers(v.localExperts, v.numExperts) && fastDivisorCovers(v.ranks, allSlots) &&
-                       fastDivisorCovers(v.tokens, allSlots) &&
                        fastDivisorCovers(v.parts, static_cast<uint64_t>(v.maxTokens) * kep::llParts(v.hidden)) &&
                        fastDivisorCovers(v.combineParts, allSlots * kep::llCombineParts(v.hidden));
   if (!covered) {

@@ -964,7 +964,21 @@ __device__ __forceinline__ void loadRowOf(const LlView& g, const LlCombineInput&
   }
 }
 
-// The send phase of warp `warp` of `warps`: items (slot, part) in order. The first item's release
+// Combine send item `item`: part p of the partial for slot (source rank s, token t), `slot` its index
+// in the dispatch's per-slot arrays. Token-major: the items of every source's first tokens, the
+// only ones a call with fewer than maxTokens fills, come first, so that while they fit in the
+// grid's warps each warp has at most one (source-major, with two ranks, the second source's
+// tokens past the first few fell to warps that had one of the first source's already).
+struct CombineItem {
+  int slot, s, t, p;
+};
+__device__ __forceinline__ CombineItem combineItemOf(const LlView& g, int item) {
+  const int pair = quotientOf(g.combineParts, item);  // t * nRanks + s
+  const int t = quotientOf(g.ranks, pair), s = pair - t * g.nRanks;
+  return {s * g.maxTokens + t, s, t, item - pair * llCombineParts(g.hidden)};
+}
+
+// The send phase of warp `warp` of `warps`: items (combineItemOf) in order. The first item's release
 // word (`firstSeen`) and `firstRow` / `firstWeight` (loadRowOf) were loaded with the epochs.
 __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, CallEpochs& epochs, int warp, int warps,
                             uint64_t firstSeen, int firstRow, float firstWeight, char* staging, LlWarpStamps& stamps) {
@@ -974,9 +988,7 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
   const int vectors = g.hidden / 8;
   const int items = g.nRanks * g.maxTokens * parts;
   for (int item = warp; item < items; item += warps) {
-    const int slot = quotientOf(g.combineParts, item);
-    const int p = item - slot * parts;
-    const int s = quotientOf(g.tokens, slot), t = slot - s * g.maxTokens;
+    const auto [slot, s, t, p] = combineItemOf(g, item);
     int row = firstRow;
     float weight = firstWeight;
     if (item != warp) loadRowOf(g, in, set, slot, lane, row, weight);
@@ -1117,10 +1129,9 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   int firstRow = -1;
   float firstWeight = 0.0f;
   if (send && warp < g.nRanks * g.maxTokens * parts) {
-    const int slot = quotientOf(g.combineParts, warp);
-    const int s = quotientOf(g.tokens, slot);
-    firstSeen = loadRelaxed(combineReleased(g, s, set, slot - s * g.maxTokens, warp - slot * parts));
-    loadRowOf(g, in, set, slot, lane, firstRow, firstWeight);
+    const CombineItem first = combineItemOf(g, warp);
+    firstSeen = loadRelaxed(combineReleased(g, first.s, set, first.t, first.p));
+    loadRowOf(g, in, set, first.slot, lane, firstRow, firstWeight);
   }
   if (receive && receiveWarp < in.numTokens * parts) firstRanks = __ldcg(g.sets[set].tokenRanks + quotientOf(g.combineParts, receiveWarp));
   publishStartWord(blockStart, startWord);

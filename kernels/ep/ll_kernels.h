@@ -134,9 +134,9 @@ struct LlView {
   int rank, nRanks, numExperts, numLocalExperts, hidden, topk, maxTokens;
   int expertStride;     // nRanks * maxTokens rows per local expert
   int counterBlocks;    // LlOpCounters words each call advances: no grid of the group has more blocks
-  // The kernels' divisors (kernels/common/fast_divisor.h): experts a rank, ranks, tokens a rank,
-  // parts of a message (llParts) and of a partial (llCombineParts).
-  FastDivisor localExperts, ranks, tokens, parts, combineParts;
+  // The kernels' divisors (kernels/common/fast_divisor.h): experts a rank, ranks, parts of a
+  // message (llParts) and of a partial (llCombineParts).
+  FastDivisor localExperts, ranks, parts, combineParts;
   LlLayout layout;
   int* hostError;
   uint64_t timeoutNs;
