@@ -136,36 +136,46 @@ __device__ __forceinline__ void touchParameterLines(const LlView& g, int inputFi
   }
 }
 
-// Tracing (UNIFAB_EP_TRACE): lane 0 of each warp keeps the global timer at each of its points
-// (0: not reached) and records them all after its work; block 0 stamps the kernel's start.
+// Tracing (UNIFAB_EP_TRACE): each warp keeps the global timer at each of its points (0: not
+// reached) and lane 0 records them all after its work; block 0 stamps the kernel's start.
 // `published`: the dispatch's last part's lines stored, the combine's first part's lines stored;
 // `arrived`: the dispatch's first message's lines all in, the combine's first partials' lines in;
 // `awaited`: the dispatch's first message's routing (bitmap word, cleared counts) seen, the
 // combine's first partial's slot seen released.
-// Stamps keep the timer's low 32 bits (differences within a call are far below 4 s).
-struct LlWarpStamps {
-  uint32_t started = 0, loaded = 0, published = 0, sent = 0, arrived = 0, received = 0, awaited = 0;
+// Stamps keep the timer's low 32 bits (differences within a call are far below 4 s). They sit in
+// shared memory, written only while tracing: in registers, the kernels (the dispatch at its 128)
+// carried them through every path, traced or not. A stamp is taken by the whole warp.
+enum LlStamp {
+  kStarted, kLoaded, kPublished, kSent, kArrived, kReceived, kAwaited,  // both operations
+  kIdsIn, kValuesIn, kMaskIn, kWordStored, kRowsKnown,                   // the dispatch's further points
+  kLlStamps
 };
-// The dispatch's further points (after LlWarpStamps' seven, in TracePoint's order), kept in
-// shared memory: in registers they spilled in the dispatch (at its 128). The whole warp stamps.
-enum LlExtraStamp { kIdsIn, kValuesIn, kMaskIn, kWordStored, kRowsKnown, kExtraStamps };
-static_assert(kTraceLlCombineStarted - kTraceLlDispatchStarted == 7 + kExtraStamps, "a trace point for each dispatch stamp");
-__device__ __forceinline__ uint32_t* extraStamps() {
-  __shared__ uint32_t stamps[kWarps][kExtraStamps];
+static_assert(kTraceLlCombineStarted - kTraceLlDispatchStarted == kLlStamps, "a trace point for each dispatch stamp");
+static_assert(kTracePoints - kTraceLlCombineStarted == kAwaited + 1, "a trace point for each of the combine's stamps");
+__device__ __forceinline__ uint32_t* warpStamps() {
+  __shared__ uint32_t stamps[kWarps][kLlStamps];
   return stamps[threadIdx.x / kWarp];
 }
-__device__ __forceinline__ void clearExtraStamps(const LlView& g) {
-  if (g.trace != nullptr && threadIdx.x % kWarp < kExtraStamps) extraStamps()[threadIdx.x % kWarp] = 0;
+__device__ __forceinline__ void clearStamps(const LlView& g) {
+  if (g.trace != nullptr && threadIdx.x % kWarp < kLlStamps) warpStamps()[threadIdx.x % kWarp] = 0;
 }
+// `which` at now(), unless taken already (stampOnce) or whatever it held (stampAgain).
 template <typename Now>
-__device__ __forceinline__ void stampOnce(const LlView& g, LlExtraStamp which, Now now) {
+__device__ __forceinline__ void stampOnce(const LlView& g, LlStamp which, Now now) {
   if (g.trace == nullptr) return;
-  uint32_t* slot = extraStamps() + which;
+  uint32_t* slot = warpStamps() + which;
   if (*slot == 0) {
     const uint32_t at = now();
     __syncwarp();
     *slot = at;
   }
+}
+template <typename Now>
+__device__ __forceinline__ void stampAgain(const LlView& g, LlStamp which, Now now) {
+  if (g.trace == nullptr) return;
+  const uint32_t at = now();
+  __syncwarp();
+  warpStamps()[which] = at;
 }
 
 __device__ __forceinline__ uint32_t traceNow(const LlView& g) {
@@ -196,14 +206,11 @@ __device__ __forceinline__ void traceKernelStart(const LlView& g) {
   }
 }
 
-// `first` is the operation's kTraceLl*Started; the warp's `points` follow it in LlWarpStamps' order,
-// then the extra stamps' (the dispatch's).
-__device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, int points, uint64_t epoch, const LlWarpStamps& t) {
+// `first` is the operation's kTraceLl*Started; the warp's first `points` stamps follow it.
+__device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, int points, uint64_t epoch) {
   if (g.trace == nullptr || threadIdx.x % kWarp != 0) return;
   const uint32_t start = static_cast<uint32_t>(*reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart));
-  const uint32_t* extra = extraStamps();
-  const uint32_t at[] = {t.started, t.loaded, t.published, t.sent, t.arrived, t.received, t.awaited,
-                         extra[kIdsIn], extra[kValuesIn], extra[kMaskIn], extra[kWordStored], extra[kRowsKnown]};
+  const uint32_t* at = warpStamps();
   for (int i = 0; i < points; ++i) {
     // A warp that gets here before block 0 stamped this call's start reads the previous call's
     // start (an inflated time; tracing is a diagnostic), or a wrapped difference, left out.
@@ -214,9 +221,9 @@ __device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, int
 }
 
 // The call's epochs in epochs.e once the block's start words are in (the first call waits for them,
-// bounded by the group's timeout; `stamps.started` notes when): false, in the whole warp, if the
+// bounded by the group's timeout; kStarted notes when): false, in the whole warp, if the
 // group has timed out.
-__device__ __forceinline__ bool awaitStartWords(const LlView& g, CallEpochs& epochs, LlWarpStamps& stamps) {
+__device__ __forceinline__ bool awaitStartWords(const LlView& g, CallEpochs& epochs) {
   uint64_t since = 0;
   for (unsigned polls = 0;; ++polls) {
     if (barrierTryWait(&epochs.start->arrivals, 0)) break;
@@ -230,11 +237,11 @@ __device__ __forceinline__ bool awaitStartWords(const LlView& g, CallEpochs& epo
   const uint64_t* word = epochs.start->word;
   epochs.e = {word[0] + 1, word[1] + 1, word[2], (word[3] & kErrorTimeout) != 0};
   epochs.known = true;
-  stamps.started = traceNow(g);
+  stampAgain(g, kStarted, [&] { return traceNow(g); });
   return !epochs.e.timedOut;
 }
-__device__ __forceinline__ bool haveEpochs(const LlView& g, CallEpochs& epochs, LlWarpStamps& stamps) {
-  return epochs.known ? !epochs.e.timedOut : awaitStartWords(g, epochs, stamps);
+__device__ __forceinline__ bool haveEpochs(const LlView& g, CallEpochs& epochs) {
+  return epochs.known ? !epochs.e.timedOut : awaitStartWords(g, epochs);
 }
 
 // Thread 0 of every block once its epochs are known: the call's epochs of the phases it runs, for
@@ -474,7 +481,7 @@ __device__ void storeHeaderLines(const LlView& g, int set, int t, uint64_t ranks
 // tokenRankMask: its first item's if that is a bitmap word) were loaded with the epochs.
 __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set, CallEpochs& epochs, int warp, int warps,
                              uint64_t partSeen, uint64_t bitsSeen, uint64_t bitmapMask, PartInput& part,
-                             char* staging, LlWarpStamps& stamps) {
+                             char* staging) {
   const int lane = threadIdx.x % kWarp;
   const LlEpochs& e = epochs.e;  // valid once haveEpochs: each path waits for it before its first write
   // Bitmap word c goes to every rank: slots 32 c .. 32 c + 31 of this rank, read by every rank.
@@ -506,7 +513,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   // after its own items: it has none unless the parts and bitmap words reach 16 x gridDim.x (a
   // kernel capped at the GPU's SMs, or a send-only one).
   const auto clearCounts = [&] {
-    if (warp != warps - 1 || !haveEpochs(g, epochs, stamps)) return;
+    if (warp != warps - 1 || !haveEpochs(g, epochs)) return;
     for (int x = lane; x < g.numLocalExperts; x += kWarp) local.recvCount[x] = 0;
     __syncwarp();
     if (lane == 0) {
@@ -525,7 +532,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     const uint64_t ranks = ranksOf(g, id);
     stampOnce(g, kIdsIn, [&] { return traceNowAfter(g, static_cast<uint32_t>(ranks)); });
     if (ranks == 0) continue;
-    if (!haveEpochs(g, epochs, stamps) || !slotFree(t, ranks, seen)) return;
+    if (!haveEpochs(g, epochs) || !slotFree(t, ranks, seen)) return;
     const int dataLines = llDataLines(in.fp8);
     const size_t headerAt = static_cast<size_t>(parts) * dataLines * kLineBytes;
     // Part 0 sends the header lines first, before its values are cast, so that the receiver hands
@@ -569,7 +576,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
         quantized[i] = toFp8x8(v, block[i].inverse);
       }
     }
-    if (stamps.loaded == 0) stamps.loaded = traceNowAfter(g, in.fp8 ? quantized[0].x : part.raw[0].x + part.raw[0].w);
+    stampOnce(g, kLoaded, [&] { return traceNowAfter(g, in.fp8 ? quantized[0].x : part.raw[0].x + part.raw[0].w); });
     // The part's stream in the warp's staging buffer (ll_kernels.h): values and zeros up to a
     // whole part's; FP8's scales apart (lanes 0 and 16 of vector i hold blocks 2i and
     // 2i + 1; blocks past the part get 0), each put into its line's flag piece.
@@ -600,7 +607,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
       const int d = __ffsll(static_cast<long long>(m)) - 1;
       run.storeLines(messageAt(g, d, set, g.rank, t) + dataAt, 0, dataLines, lane);
     }
-    if (lane == 0) stamps.published = traceNowIssued(g);
+    stampAgain(g, kPublished, [&] { return traceNowIssued(g); });
   }
 
   // What each rank should expect: one tagged bitmap word per 32 tokens (all of maxTokens, so
@@ -613,7 +620,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     const uint64_t mask = c == preloadedWord ? bitmapMask : tokenRankMask(g, in, t);
     stampOnce(g, kMaskIn, [&] { return traceNowAfter(g, __reduce_or_sync(0xffffffff, static_cast<unsigned>(mask))); });
     if (t < g.maxTokens) local.tokenRanks[t] = mask;
-    if (!haveEpochs(g, epochs, stamps) || !bitsFree(c, seen)) return;
+    if (!haveEpochs(g, epochs) || !bitsFree(c, seen)) return;
     for (int d = 0; d < g.nRanks; ++d) {
       const unsigned bits = __ballot_sync(0xffffffff, (mask >> d) & 1ULL);
       if (lane == d % kWarp) {
@@ -672,7 +679,7 @@ __device__ __forceinline__ void releaseSlotAsMember(uint64_t* words, uint64_t ep
 // lines into each of its rows. A row of more groups (BF16 above hidden 3584, FP8 above 7168) polls
 // and stores its further chunks the same way.
 __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int set, uint64_t epoch, float* scaleStage,
-                                int sendWarps, LlWarpStamps& stamps) {
+                                int sendWarps) {
   const int lane = threadIdx.x % kWarp;
   const int slots = g.nRanks * g.maxTokens;
   const int teamShift = receiveTeamShift(slots, sendWarps);
@@ -771,7 +778,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       }
       continue;
     }
-    if (stamps.awaited == 0) stamps.awaited = traceNow(g);
+    stampOnce(g, kAwaited, [&] { return traceNow(g); });
     // Lane k < topk: the row of the message's k-th expert if it is ours (-1 otherwise), handed out
     // from the header. The message's local experts are dealt over the team in top-k order: each
     // member hands out and stores its own rows; member 0 also notes the weights and the experts
@@ -795,7 +802,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     }
     if (mine || (member == 0 && lane < g.topk && !ours)) rowOf[lane] = row;
     stampOnce(g, kRowsKnown, [&] { return traceNowAfter(g, __reduce_or_sync(0xffffffff, static_cast<unsigned>(row))); });
-    if (stamps.arrived == 0 && targets != 0) stamps.arrived = traceNow(g);
+    if (targets != 0) stampOnce(g, kArrived, [&] { return traceNow(g); });
     for (int q0 = 0; targets != 0 && q0 < groups; q0 += kReceiveGroupsPerLane) {
       if (q0 != 0 && !poll(lanePiece, q0)) return;
       // The chunk's FP8 scales, from the flag pieces of its lines (line l of the chunk: scale
@@ -846,7 +853,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       }
     }
     releaseSlotAsMember(slotReleased, epoch, lane, member, team);
-    stamps.received = traceNow(g);
+    stampAgain(g, kReceived, [&] { return traceNow(g); });
   }
 }
 
@@ -869,8 +876,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
   const int warps = gridDim.x * kWarps;
   LlOpCounters* counters = &g.counters->dispatch;
   traceKernelStart(g);
-  LlWarpStamps stamps;
-  clearExtraStamps(g);
+  clearStamps(g);
   // Per warp: the part stream it sends, then the scales of the rows it receives.
   __shared__ alignas(16) char partStreams[kWarps][kPartStreamBytes];
   const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, set, threadIdx.x - kFirstStartThread) : 0;
@@ -889,17 +895,16 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
   publishStartWord(blockStart, startWord);
   CallEpochs epochs{&blockStart, {}, false};
   if (send) {
-    dispatchSend(g, in, set, epochs, warp, warps, partSeen, bitsSeen, bitmapMask, part, partStreams[threadIdx.x / kWarp], stamps);
-    if (warp < messageItems + g.layout.bitWords) stamps.sent = traceNow(g);
+    dispatchSend(g, in, set, epochs, warp, warps, partSeen, bitsSeen, bitmapMask, part, partStreams[threadIdx.x / kWarp]);
+    if (warp < messageItems + g.layout.bitWords) stampAgain(g, kSent, [&] { return traceNow(g); });
   }
-  if (!haveEpochs(g, epochs, stamps)) return;
+  if (!haveEpochs(g, epochs)) return;
   recordEpochs(g, counters, set, send, receive, epochs.e);
   if (receive) {
     dispatchReceive(g, in, set, epochs.e.receive, reinterpret_cast<float*>(partStreams[threadIdx.x / kWarp]),
-                    send ? messageItems + g.layout.bitWords : 0, stamps);
+                    send ? messageItems + g.layout.bitWords : 0);
   }
-  traceWarp(g, kTraceLlDispatchStarted, kTraceLlCombineStarted - kTraceLlDispatchStarted,
-            send ? epochs.e.send : epochs.e.receive, stamps);
+  traceWarp(g, kTraceLlDispatchStarted, kTraceLlCombineStarted - kTraceLlDispatchStarted, send ? epochs.e.send : epochs.e.receive);
 }
 
 // ---- combine ----------------------------------------------------------------------------------
@@ -981,7 +986,7 @@ __device__ __forceinline__ CombineItem combineItemOf(const LlView& g, int item) 
 // The send phase of warp `warp` of `warps`: items (combineItemOf) in order. The first item's release
 // word (`firstSeen`) and `firstRow` / `firstWeight` (loadRowOf) were loaded with the epochs.
 __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, CallEpochs& epochs, int warp, int warps,
-                            uint64_t firstSeen, int firstRow, float firstWeight, char* staging, LlWarpStamps& stamps) {
+                            uint64_t firstSeen, int firstRow, float firstWeight, char* staging) {
   const int lane = threadIdx.x % kWarp;
   const LlEpochs& e = epochs.e;  // valid once haveEpochs: waited for after the rows are summed
   const int parts = llCombineParts(g.hidden);
@@ -1018,7 +1023,7 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
       }
       sum.add(batch, weights, count, in.weighted);
     }
-    if (stamps.loaded == 0) stamps.loaded = traceNowAfter(g, __float_as_uint(sum.acc[0][0]));
+    stampOnce(g, kLoaded, [&] { return traceNowAfter(g, __float_as_uint(sum.acc[0][0])); });
     // The partial through the warp's staging buffer into lines.
     __syncwarp();  // the previous item's reads of the staging buffer are done
     sum.store(reinterpret_cast<int4*>(staging));
@@ -1026,20 +1031,20 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     const int payloadBytes = llCombinePartValues(g.hidden, p) * 2;
     const int lines = linesFor(payloadBytes);
     LineRun<kPartGroups> run;
-    if (!haveEpochs(g, epochs, stamps)) return;
+    if (!haveEpochs(g, epochs)) return;
     run.stage(staging, payloadBytes, e.send, lane);
     // Rank s's part p of token t, free once s has read what this rank last wrote there.
     if (!warpAll(released<1>(g, combineReleased(g, s, set, t, p), e.lastUse, seen))) return;
-    if (stamps.awaited == 0) stamps.awaited = traceNow(g);
+    stampOnce(g, kAwaited, [&] { return traceNow(g); });
     run.store(partialAt(g, s, set, g.rank, t) + static_cast<size_t>(p) * kLlCombinePartLines * kLineBytes, lines, lane);
-    if (stamps.published == 0) stamps.published = traceNow(g);
+    stampOnce(g, kPublished, [&] { return traceNow(g); });
   }
 }
 
 // The receive phase of warp `warp` of `warps`: items (token, part); `firstRanks` is the first
 // item's token's ranks, loaded with the epochs. The partials of two ranks are polled at once.
 __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int set, uint64_t epoch, int warp, int warps,
-                               uint64_t firstRanks, LlWarpStamps& stamps) {
+                               uint64_t firstRanks) {
   const int lane = threadIdx.x % kWarp;
   const LlSetLocal& local = g.sets[set];
   const int parts = llCombineParts(g.hidden);
@@ -1080,7 +1085,7 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
           },
           epoch, lane, bounds(g), kErrorTimeout);
       if (!ok) return;
-      if (stamps.arrived == 0) stamps.arrived = traceNow(g);
+      stampOnce(g, kArrived, [&] { return traceNow(g); });
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if (r == 1 && second < 0) break;
@@ -1101,7 +1106,7 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
       if (lane % 8 != kFlagPiece && offset < payloadBytes) *reinterpret_cast<int4*>(out + offset) = floatToBf16x8(acc[i]);
     }
     releaseSlot(combineReleased(g, g.rank, set, t, p), epoch, lane);
-    stamps.received = traceNow(g);
+    stampAgain(g, kReceived, [&] { return traceNow(g); });
   }
 }
 
@@ -1123,7 +1128,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   LlOpCounters* counters = &g.counters->combine;
   __shared__ alignas(16) char partStaging[kWarps][kPartStagingBytes];
   traceKernelStart(g);
-  LlWarpStamps stamps;
+  clearStamps(g);
   const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, set, threadIdx.x - kFirstStartThread) : 0;
   uint64_t firstSeen = 0, firstRanks = 0;
   int firstRow = -1;
@@ -1137,13 +1142,13 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   publishStartWord(blockStart, startWord);
   CallEpochs epochs{&blockStart, {}, false};
   if (send) {
-    combineSend(g, in, set, epochs, warp, warps, firstSeen, firstRow, firstWeight, partStaging[threadIdx.x / kWarp], stamps);
-    if (warp < g.nRanks * g.maxTokens * parts) stamps.sent = traceNow(g);
+    combineSend(g, in, set, epochs, warp, warps, firstSeen, firstRow, firstWeight, partStaging[threadIdx.x / kWarp]);
+    if (warp < g.nRanks * g.maxTokens * parts) stampAgain(g, kSent, [&] { return traceNow(g); });
   }
-  if (!haveEpochs(g, epochs, stamps)) return;
+  if (!haveEpochs(g, epochs)) return;
   recordEpochs(g, counters, set, send, receive, epochs.e);
-  if (receive) combineReceive(g, in, set, epochs.e.receive, receiveWarp, warps, firstRanks, stamps);
-  traceWarp(g, kTraceLlCombineStarted, kTracePoints - kTraceLlCombineStarted, send ? epochs.e.send : epochs.e.receive, stamps);
+  if (receive) combineReceive(g, in, set, epochs.e.receive, receiveWarp, warps, firstRanks);
+  traceWarp(g, kTraceLlCombineStarted, kTracePoints - kTraceLlCombineStarted, send ? epochs.e.send : epochs.e.receive);
 }
 
 // Both kernels start with the parameter reads alone, then wait for the stream's previous kernel
