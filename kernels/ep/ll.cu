@@ -279,15 +279,32 @@ __device__ __forceinline__ uint64_t* combineReleased(const LlView& g, int rank, 
 }
 
 // A dispatch slot's release: the lowest of its kLlReceiveTeamMax words, one per warp of the team
-// that reads it (dispatchReceive); a combine part's has one word.
+// that reads it (dispatchReceive); a combine part's has one word. A slot's words are loaded
+// (issueReleased) apart from taking their lowest (lowestReleased), so that a warp that checks
+// several slots issues all their loads before it compares any: a comparison right after each
+// slot's loads, behind a branch on the rank, held the next slot's loads until those had come back
+// (the bitmap warps' SASS: a round trip per rank).
+struct SlotWords {
+  uint64_t word[kLlReceiveTeamMax];
+};
+static_assert(kLlReceiveTeamMax % 2 == 0, "a slot's words load in pairs");
+__device__ __forceinline__ void issueReleased(const uint64_t* words, SlotWords& slot) {
+#pragma unroll
+  for (int i = 0; i < kLlReceiveTeamMax; i += 2) loadRelaxedPair(words + i, slot.word[i], slot.word[i + 1]);
+}
+__device__ __forceinline__ uint64_t lowestReleased(const SlotWords& slot) {
+  uint64_t lowest = slot.word[0];
+#pragma unroll
+  for (int i = 1; i < kLlReceiveTeamMax; ++i) lowest = min(lowest, slot.word[i]);
+  return lowest;
+}
 template <int kWords>
 __device__ __forceinline__ uint64_t loadReleased(const uint64_t* words) {
-  static_assert(kWords == 1 || kWords % 2 == 0, "one word, or pairs");
+  static_assert(kWords == 1 || kWords == kLlReceiveTeamMax, "a combine part's word or a dispatch slot's");
   if (kWords == 1) return loadRelaxed(words);
-  uint64_t lowest = loadRelaxedLowerOfPair(words);
-#pragma unroll
-  for (int i = 2; i < kWords; i += 2) lowest = min(lowest, loadRelaxedLowerOfPair(words + i));
-  return lowest;
+  SlotWords slot;
+  issueReleased(words, slot);
+  return lowestReleased(slot);
 }
 
 // Until `words` say their slot's readers have finished the call `lastUse` (`seen`: the words as
@@ -317,27 +334,30 @@ __device__ __forceinline__ void releaseSlot(uint64_t* word, uint64_t epoch, int 
 // The release words a dispatch send warp needs (in this GPU's memory), loaded with its inputs
 // (every rank's before any is checked): `partSeen`, lane l's lowest word of slot (this rank, token
 // t) in ranks l, l + 32 (< nRanks); `bitsSeen`, lane i's lowest word of slot (this rank, 32 c + i)
-// in every rank, kLoadsInFlight ranks at a time (two 16-byte loads each: eight in flight).
+// in every rank, kLoadsInFlight ranks at a time (two 16-byte loads each: eight in flight). No
+// branch on a lane's rank between the loads: a lane past the last rank loads a rank's words that
+// it then ignores.
 constexpr int kLoadsInFlight = 4;
 __device__ __forceinline__ uint64_t loadPartReleased(const LlView& g, int set, int t, int lane) {
   static_assert(kMaxRanks <= 2 * kWarp, "a lane covers at most two ranks");
-  const uint64_t first = lane < g.nRanks ? loadReleased<kLlReceiveTeamMax>(dispatchReleased(g, g.rank, set, lane, t)) : ~0ULL;
-  const uint64_t second =
-      lane + kWarp < g.nRanks ? loadReleased<kLlReceiveTeamMax>(dispatchReleased(g, g.rank, set, lane + kWarp, t)) : ~0ULL;
-  return min(first, second);
+  const bool hasFirst = lane < g.nRanks, hasSecond = lane + kWarp < g.nRanks;
+  SlotWords first, second;
+  issueReleased(dispatchReleased(g, g.rank, set, hasFirst ? lane : 0, t), first);
+  if (g.nRanks > kWarp) issueReleased(dispatchReleased(g, g.rank, set, hasSecond ? lane + kWarp : 0, t), second);
+  return min(hasFirst ? lowestReleased(first) : ~0ULL, hasSecond ? lowestReleased(second) : ~0ULL);
 }
 __device__ __forceinline__ uint64_t loadBitsReleased(const LlView& g, int set, int c, int lane) {
   const int t = c * kWarp + lane;
   uint64_t lowest = ~0ULL;
   if (t >= g.maxTokens) return lowest;
   for (int d0 = 0; d0 < g.nRanks; d0 += kLoadsInFlight) {
-    uint64_t word[kLoadsInFlight];
+    SlotWords word[kLoadsInFlight];
+#pragma unroll
+    for (int i = 0; i < kLoadsInFlight; ++i) issueReleased(dispatchReleased(g, g.rank, set, min(d0 + i, g.nRanks - 1), t), word[i]);
 #pragma unroll
     for (int i = 0; i < kLoadsInFlight; ++i) {
-      word[i] = d0 + i < g.nRanks ? loadReleased<kLlReceiveTeamMax>(dispatchReleased(g, g.rank, set, d0 + i, t)) : ~0ULL;
+      if (d0 + i < g.nRanks) lowest = min(lowest, lowestReleased(word[i]));
     }
-#pragma unroll
-    for (int i = 0; i < kLoadsInFlight; ++i) lowest = min(lowest, word[i]);
   }
   return lowest;
 }
