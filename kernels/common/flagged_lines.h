@@ -7,7 +7,8 @@
 namespace unifab::kernels {
 
 constexpr int kLineBytes = 128;
-constexpr int kLinePayloadBytes = 112;  // seven 16-byte pieces; the eighth holds the flag
+constexpr int kLinePieces = 8;           // 16-byte pieces, one a lane of eight
+constexpr int kLinePayloadBytes = 112;  // seven pieces; the eighth holds the flag in its upper half
 
 // Lines that carry `payloadBytes` bytes of payload.
 UNIFAB_HOST_DEVICE constexpr int linesFor(int payloadBytes) { return (payloadBytes + kLinePayloadBytes - 1) / kLinePayloadBytes; }

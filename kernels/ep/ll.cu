@@ -471,25 +471,15 @@ __device__ __forceinline__ int firstBitWord(int messageItems, int warp, int warp
   return item - messageItems;
 }
 
-// The header lines of token t's message (its top-k ids, then weights, as int32 and float, zero
-// to a whole 16 bytes: ll_kernels.h) stored at `headerAt` of its slot in every rank of `ranks`,
-// built in registers: lane l holds piece l % 8 of header line l / 8, and header word k comes from
-// lane k % 32's `id` or `weight`. The whole warp calls this (shuffles, one store per line).
+// The header lines of token t's message (ll_kernels.h: lane k's piece carries top-k entry k, its
+// id and weight) stored at `headerAt` of its slot in every rank of `ranks`: each lane stores the
+// entry it holds, so that neither side moves entries between lanes. The whole warp calls this (one
+// store per line).
 __device__ void storeHeaderLines(const LlView& g, int set, int t, uint64_t ranks, size_t headerAt, int id, float weight,
                                  uint64_t flag, int lane) {
-  const int line = lane / 8, piece = lane % 8;
-  const int firstWord = line * (kLinePayloadBytes / 4) + piece * 4;
-  int word[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int k = firstWord + j;
-    const int ofId = __shfl_sync(0xffffffff, id, k % kWarp);
-    const int ofWeight = __shfl_sync(0xffffffff, __float_as_int(weight), (k - g.topk + kWarp) % kWarp);
-    word[j] = k < g.topk ? ofId : k < 2 * g.topk ? ofWeight : 0;
-  }
   LineRun<1> header;
-  header.lo[0] = piece == kFlagPiece ? 0 : (static_cast<uint64_t>(static_cast<unsigned>(word[1])) << 32 | static_cast<unsigned>(word[0]));
-  header.hi[0] = piece == kFlagPiece ? flag : (static_cast<uint64_t>(static_cast<unsigned>(word[3])) << 32 | static_cast<unsigned>(word[2]));
+  header.lo[0] = static_cast<uint64_t>(__float_as_uint(weight)) << 32 | static_cast<unsigned>(id);
+  header.hi[0] = lane % 8 == kFlagPiece ? flag : 0;
   for (uint64_t m = ranks; m != 0; m &= m - 1) {
     const int d = __ffsll(static_cast<long long>(m)) - 1;
     header.storeLines(messageAt(g, d, set, g.rank, t) + headerAt, 0, llHeaderLines(g.topk), lane);
@@ -770,15 +760,6 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       pause.sleep();
     }
   };
-  // Header word k (byte 4 k: ids, then weights) from the lane that holds it; the whole warp calls.
-  auto headerWord = [&](int k) {
-    const int at = 4 * k;
-    const int from = at / kLinePayloadBytes * 8 + at % kLinePayloadBytes / 16;
-    const int x = __shfl_sync(0xffffffff, header.x, from), y = __shfl_sync(0xffffffff, header.y, from);
-    const int z = __shfl_sync(0xffffffff, header.z, from), w = __shfl_sync(0xffffffff, header.w, from);
-    const int word = at % 16 / 4;
-    return word == 0 ? x : word == 1 ? y : word == 2 ? z : w;
-  };
   // Team (k, b) (slot n = k gridDim + b, in token order) is warp k team + j of block b + j gridDim / team.
   const int blocks = static_cast<int>(gridDim.x);
   int home = static_cast<int>(blockIdx.x) - member * (blocks >> teamShift);
@@ -806,9 +787,8 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     // member hands out and stores its own rows; member 0 also notes the weights and the experts
     // that are not ours. The row atomics' answers are used only after the first chunk's poll, so
     // that their round trip and the poll's overlap.
-    const int k = lane < g.topk ? lane : 0;
-    const int id = headerWord(k);
-    const float weight = __int_as_float(headerWord(g.topk + k));
+    const int id = header.x;  // lane k < topk: entry k (ll_kernels.h)
+    const float weight = __int_as_float(header.y);
     const bool ours = lane < g.topk && id >= firstExpert && id < firstExpert + g.numLocalExperts;
     const unsigned oursMask = __ballot_sync(0xffffffff, ours);
     const bool mine = ours && (__popc(oursMask & ((1u << lane) - 1)) & (team - 1)) == member;  // team: a power of two

@@ -47,14 +47,14 @@ UNIFAB_HOST_DEVICE inline int llParts(int hidden) { return (hidden + kLlPartValu
 // A dispatch message travels as one run of flagged lines: first every part's values (FP8 or BF16,
 // zero-padded to kLlPartValues: llDataLines lines a part, in part order), so that row vector j
 // (16 bytes) lies in line j / 7 of the run like a row in a message without flags, then the token's
-// top-k ids and weights (int32 and float, padded to 16 bytes: llHeaderLines lines). An FP8 part's
+// top-k entries (llHeaderLines lines): entry k, its id (int32) and weight (float), in the lower 8
+// bytes of piece k % 8 of header line k / 8, the piece that lane k of a warp moves. An FP8 part's
 // scale of block b (a float per 128 values) rides in the spare lower half of its line b's flag
 // piece, so that a receiver holding a line holds its scale. Part p's warp writes its value lines;
 // part 0's warp writes the header lines first, before it casts its values, so that the receiver
 // hands out the token's rows while the values are on their way.
-UNIFAB_HOST_DEVICE constexpr int llHeaderBytes(int topk) { return (8 * topk + 15) / 16 * 16; }
 UNIFAB_HOST_DEVICE constexpr int llDataLines(bool fp8) { return kLlPartValues * (fp8 ? 1 : 2) / kLinePayloadBytes; }
-UNIFAB_HOST_DEVICE constexpr int llHeaderLines(int topk) { return linesFor(llHeaderBytes(topk)); }
+UNIFAB_HOST_DEVICE constexpr int llHeaderLines(int topk) { return (topk + kLinePieces - 1) / kLinePieces; }
 UNIFAB_HOST_DEVICE inline int llRunLines(bool fp8, int topk, int hidden) { return llParts(hidden) * llDataLines(fp8) + llHeaderLines(topk); }
 // The bytes of a part's values, zero-padded to a whole part (its stream, before the lines).
 UNIFAB_HOST_DEVICE constexpr int llPartBytes(bool fp8) { return kLlPartValues * (fp8 ? 1 : 2); }
