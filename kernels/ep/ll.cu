@@ -28,10 +28,7 @@ static_assert(kPartScales <= 8, "an FP8 part's scales stage in eight words");
 constexpr int kPartSendGroups = (llDataLines(false) + kLinesPerGroup - 1) / kLinesPerGroup;
 constexpr int kPartGroups = kLlCombinePartLines / kLinesPerGroup;  // of a combine partial's part
 static_assert(kLlCombinePartLines % kLinesPerGroup == 0, "a partial's part is whole line groups");
-constexpr int kCombineVectorsPerLane = (kLlCombinePartValues / 8 + kWarp - 1) / kWarp;  // of a partial's part
 constexpr int kCombineRowsInFlight = 4;  // expert rows a combining warp loads at once
-// A combining warp's staging buffer in shared memory: the BF16 part of the partial it sends.
-constexpr int kPartStagingBytes = kLlCombinePartLines * kLinePayloadBytes;
 
 __device__ __forceinline__ char* at(const LlView& g, int rank, size_t offset) { return g.peerBase[rank] + offset; }
 __device__ __forceinline__ size_t setOffset(const LlView& g, int set) {
@@ -912,39 +909,49 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
 
 // ---- combine ----------------------------------------------------------------------------------
 
-// One warp's FP32 sum of a part (up to kCombineVectorsPerLane 16-byte vectors per lane) of this
-// GPU's BF16 expert rows, added one row at a time in the caller's order: every row of a batch is
-// loaded before any is added.
+// One warp's FP32 sum of a part of this GPU's BF16 expert rows, added one row at a time in the
+// caller's order (every row of a batch is loaded before any is added), held as the partial's lines
+// will carry it: lane l sums the 16-byte vector that it stores as its piece of group i's line
+// (flagged_lines.cuh: payload byte 112 L + 16 (l % 8) of line L = 4 i + l / 8; flag lanes none),
+// so that the sum goes into its lines from registers, not through shared memory.
+static_assert(kPartGroups * (kWarp - kWarp / 8) * 8 >= kLlCombinePartValues, "a partial's part fits its lanes' pieces");
 struct PartSum {
-  float acc[kCombineVectorsPerLane][8];
+  float acc[kPartGroups][8];
   int partVectors;  // 16-byte vectors in this part (the last part of a row may be short)
   int lane;
 
   __device__ PartSum(int vectors, int laneIndex) : partVectors(vectors), lane(laneIndex) {
 #pragma unroll
-    for (int i = 0; i < kCombineVectorsPerLane; ++i) {
+    for (int i = 0; i < kPartGroups; ++i) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
     }
+  }
+
+  // The part's vector that lane `lane` holds for group i, or -1.
+  __device__ int vectorOf(int i) const {
+    const int v = pieceOffset(i, lane) / 16;
+    return lane % 8 != kFlagPiece && v < partVectors ? v : -1;
   }
 
   // acc = fma(weight[r], row r, acc) when weighted, acc + row r otherwise, for the first `count`
   // of `rows` in order, all their loads in flight together.
   __device__ void add(const int4* const (&rows)[kCombineRowsInFlight], const float (&weights)[kCombineRowsInFlight],
                       int count, bool weighted) {
-    int4 loaded[kCombineRowsInFlight][kCombineVectorsPerLane];
+    int4 loaded[kCombineRowsInFlight][kPartGroups];
 #pragma unroll
     for (int r = 0; r < kCombineRowsInFlight; ++r) {
 #pragma unroll
-      for (int i = 0; i < kCombineVectorsPerLane; ++i) {
-        loaded[r][i] = r < count && i * kWarp + lane < partVectors ? __ldg(rows[r] + i * kWarp + lane) : int4{0, 0, 0, 0};
+      for (int i = 0; i < kPartGroups; ++i) {
+        const int v = vectorOf(i);
+        loaded[r][i] = r < count && v >= 0 ? __ldg(rows[r] + v) : int4{0, 0, 0, 0};
       }
     }
 #pragma unroll
     for (int r = 0; r < kCombineRowsInFlight; ++r) {
       if (r >= count) break;
 #pragma unroll
-      for (int i = 0; i < kCombineVectorsPerLane; ++i) {
+      for (int i = 0; i < kPartGroups; ++i) {
         float f[8];
         bf16x8ToFloat(loaded[r][i], f);
 #pragma unroll
@@ -953,10 +960,14 @@ struct PartSum {
     }
   }
 
-  __device__ void store(int4* out) const {
+  // The sum as BF16 into the partial's lines, `flag` in each flag lane's upper half (pieces past
+  // the part zero).
+  __device__ void toLines(LineRun<kPartGroups>& run, uint64_t flag) const {
 #pragma unroll
-    for (int i = 0; i < kCombineVectorsPerLane; ++i) {
-      if (i * kWarp + lane < partVectors) out[i * kWarp + lane] = floatToBf16x8(acc[i]);
+    for (int i = 0; i < kPartGroups; ++i) {
+      const int4 packed = vectorOf(i) >= 0 ? floatToBf16x8(acc[i]) : int4{0, 0, 0, 0};
+      run.lo[i] = static_cast<uint64_t>(static_cast<unsigned>(packed.y)) << 32 | static_cast<unsigned>(packed.x);
+      run.hi[i] = lane % 8 == kFlagPiece ? flag : static_cast<uint64_t>(static_cast<unsigned>(packed.w)) << 32 | static_cast<unsigned>(packed.z);
     }
   }
 };
@@ -989,7 +1000,7 @@ __device__ __forceinline__ CombineItem combineItemOf(const LlView& g, int item) 
 // The send phase of warp `warp` of `warps`: items (combineItemOf) in order. The first item's release
 // word (`firstSeen`) and `firstRow` / `firstWeight` (loadRowOf) were loaded with the epochs.
 __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, CallEpochs& epochs, int warp, int warps,
-                            uint64_t firstSeen, int firstRow, float firstWeight, char* staging) {
+                            uint64_t firstSeen, int firstRow, float firstWeight) {
   const int lane = threadIdx.x % kWarp;
   const LlEpochs& e = epochs.e;  // valid once haveEpochs: waited for after the rows are summed
   const int parts = llCombineParts(g.hidden);
@@ -1027,15 +1038,10 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
       sum.add(batch, weights, count, in.weighted);
     }
     stampOnce(g, kLoaded, [&] { return traceNowAfter(g, __float_as_uint(sum.acc[0][0])); });
-    // The partial through the warp's staging buffer into lines.
-    __syncwarp();  // the previous item's reads of the staging buffer are done
-    sum.store(reinterpret_cast<int4*>(staging));
-    __syncwarp();
-    const int payloadBytes = llCombinePartValues(g.hidden, p) * 2;
-    const int lines = linesFor(payloadBytes);
-    LineRun<kPartGroups> run;
+    const int lines = linesFor(llCombinePartValues(g.hidden, p) * 2);
     if (!haveEpochs(g, epochs)) return;
-    run.stage(staging, payloadBytes, e.send, lane);
+    LineRun<kPartGroups> run;
+    sum.toLines(run, e.send);
     // Rank s's part p of token t, free once s has read what this rank last wrote there.
     if (!warpAll(released<1>(g, combineReleased(g, s, set, t, p), e.lastUse, seen))) return;
     stampOnce(g, kAwaited, [&] { return traceNow(g); });
@@ -1129,7 +1135,6 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   const int warps = gridDim.x * kWarps;
   const int parts = llCombineParts(g.hidden);
   LlOpCounters* counters = &g.counters->combine;
-  __shared__ alignas(16) char partStaging[kWarps][kPartStagingBytes];
   traceKernelStart(g);
   clearStamps(g);
   const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, set, threadIdx.x - kFirstStartThread) : 0;
@@ -1145,7 +1150,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   publishStartWord(blockStart, startWord);
   CallEpochs epochs{&blockStart, {}, false};
   if (send) {
-    combineSend(g, in, set, epochs, warp, warps, firstSeen, firstRow, firstWeight, partStaging[threadIdx.x / kWarp]);
+    combineSend(g, in, set, epochs, warp, warps, firstSeen, firstRow, firstWeight);
     if (warp < g.nRanks * g.maxTokens * parts) stampAgain(g, kSent, [&] { return traceNow(g); });
   }
   if (!haveEpochs(g, epochs)) return;
