@@ -117,8 +117,8 @@ __device__ __forceinline__ uint64_t loadStartWord(const LlView& g, const LlOpCou
 // volatile stores keep them ahead of the kernel's first memory accesses. The view is a
 // __grid_constant__ parameter (its address is taken); so is the dispatch's input and not the
 // combine's: when both kernels were at 128 registers, the one combination in which ptxas fitted
-// both unspilled (the combine has been at 110 since its 448-value parts; making its input a
-// __grid_constant__ too is left for a measured change).
+// both unspilled (the combine has been at ~100 since its 448-value parts and its sums in line
+// layout; making its input a __grid_constant__ too is left for a measured change).
 constexpr int kConstantLineBytes = 64;
 static_assert(sizeof(LlView) <= (kWarps - 2) * kConstantLineBytes, "a warp for each line of the view");
 __device__ __forceinline__ void touchParameterLines(const LlView& g, int inputFirst, int inputLast, int* sink) {
