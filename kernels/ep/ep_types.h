@@ -161,11 +161,13 @@ enum TracePoint : int {
   kTraceLlDispatchLinesIn,    // each receiving warp: its first message's lines all in
   kTraceLlDispatchReceived,   // each receiving warp: its last message copied
   kTraceLlDispatchRouted,     // each receiving warp: its first message's header lines and cleared counts seen
+  kTraceLlDispatchExited,     // each warp: its end, once the loads it issued first are back
   kTraceLlDispatchIdsIn,      // each sending warp: its first part's top-k entries in and checked
   kTraceLlDispatchValuesIn,   // each sending warp: its first part's values in (before the cast)
   kTraceLlDispatchMaskIn,     // each bitmap warp: its first word's token ranks known
   kTraceLlDispatchWordStored, // each bitmap warp: its first word stored to every rank
   kTraceLlDispatchRowsKnown,  // each receiving warp: its first message's rows known (after its first values poll)
+  kTraceLlDispatchRowsStored, // each receiving warp: its last message's rows stored (issued), before its release
   kTraceLlCombineStarted,
   kTraceLlCombineLoaded,      // each sending warp: its first item's expert rows summed
   kTraceLlCombineStored,      // each sending warp: its first part's lines stored
@@ -173,6 +175,7 @@ enum TracePoint : int {
   kTraceLlCombineLinesIn,     // each receiving warp: its first token's first partials all in
   kTraceLlCombineReceived,
   kTraceLlCombineFree,        // each sending warp: its first partial's slot seen released
+  kTraceLlCombineExited,      // each warp: its end, once its first release word (read across NVLink) is back
   kTracePoints
 };
 constexpr int kTraceCalls = 256;

@@ -138,17 +138,18 @@ __device__ __forceinline__ void touchParameterLines(const LlView& g, int inputFi
 // `published`: the dispatch's last part's lines stored, the combine's first part's lines stored;
 // `arrived`: the dispatch's first message's lines all in, the combine's first partials' lines in;
 // `awaited`: the dispatch's first message's routing (bitmap word, cleared counts) seen, the
-// combine's first partial's slot seen released.
+// combine's first partial's slot seen released; `exited`: the warp's last instruction, after the
+// loads it issued at the start have come back (a warp does not retire before them).
 // Stamps keep the timer's low 32 bits (differences within a call are far below 4 s). They sit in
 // shared memory, written only while tracing: in registers, the kernels (the dispatch at its 128)
 // carried them through every path, traced or not. A stamp is taken by the whole warp.
 enum LlStamp {
-  kStarted, kLoaded, kPublished, kSent, kArrived, kReceived, kAwaited,  // both operations
-  kIdsIn, kValuesIn, kMaskIn, kWordStored, kRowsKnown,                   // the dispatch's further points
+  kStarted, kLoaded, kPublished, kSent, kArrived, kReceived, kAwaited, kExited,  // both operations
+  kIdsIn, kValuesIn, kMaskIn, kWordStored, kRowsKnown, kRowsStored,               // the dispatch's further points
   kLlStamps
 };
 static_assert(kTraceLlCombineStarted - kTraceLlDispatchStarted == kLlStamps, "a trace point for each dispatch stamp");
-static_assert(kTracePoints - kTraceLlCombineStarted == kAwaited + 1, "a trace point for each of the combine's stamps");
+static_assert(kTracePoints - kTraceLlCombineStarted == kExited + 1, "a trace point for each of the combine's stamps");
 __device__ __forceinline__ uint32_t* warpStamps() {
   __shared__ uint32_t stamps[kWarps][kLlStamps];
   return stamps[threadIdx.x / kWarp];
@@ -851,6 +852,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
         }
       }
     }
+    stampAgain(g, kRowsStored, [&] { return traceNowIssued(g); });
     releaseSlotAsMember(slotReleased, epoch, lane, member, team);
     stampAgain(g, kReceived, [&] { return traceNow(g); });
   }
@@ -904,6 +906,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
     dispatchReceive(g, in, set, epochs.e.receive, reinterpret_cast<float*>(partStreams[threadIdx.x / kWarp]),
                     send ? messageItems + g.layout.bitWords : 0);
   }
+  stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(partSeen ^ bitsSeen)); });
   traceWarp(g, kTraceLlDispatchStarted, kTraceLlCombineStarted - kTraceLlDispatchStarted, send ? epochs.e.send : epochs.e.receive);
 }
 
@@ -1156,6 +1159,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   if (!haveEpochs(g, epochs)) return;
   recordEpochs(g, counters, set, send, receive, epochs.e);
   if (receive) combineReceive(g, in, set, epochs.e.receive, receiveWarp, warps, firstRanks);
+  stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(firstSeen)); });
   traceWarp(g, kTraceLlCombineStarted, kTracePoints - kTraceLlCombineStarted, send ? epochs.e.send : epochs.e.receive);
 }
 
