@@ -13,7 +13,8 @@
 # UNIFAB_TRACE_DTYPES / UNIFAB_TRACE_OPS limit the trace step (default: bf16 fp8 x empty cached dispatch combine);
 # UNIFAB_COPYROUTES_ARGS / UNIFAB_ENGRAM_ARGS replace the copyroutes / engram steps' arguments;
 # UNIFAB_LLTRACE_TOKENS (default "1 128") and UNIFAB_LLTRACE_DTYPE (default fp8) set the lltrace step's runs,
-# UNIFAB_LLTRACE_ARGS adds bench arguments to them (e.g. "--flush-mib 0": warm caches);
+# UNIFAB_LLTRACE_ARGS adds bench arguments to them (e.g. "--flush-mib 0": warm caches), UNIFAB_LLTRACE_OPS
+# the bench ops traced (default combine, which follows a whole dispatch; pair: no flush between them);
 # llncu samples, with Nsight Compute, where the warps of one LL kernel (UNIFAB_LLNCU_KERNEL, default
 # llDispatchKernel) stall, per SASS instruction, on one GPU (UNIFAB_LLNCU_TOKENS tokens, default 1);
 # ab measures the working tree against itself with UNIFAB_AB_PATCH (default ab.patch; or several
@@ -437,11 +438,16 @@ for step in $steps; do
     # UNIFAB_LLTRACE_DTYPE picks the dispatch's dtype (default fp8).
     trace_dtype="${UNIFAB_LLTRACE_DTYPE:-fp8}"
     say "== UNIFAB_EP_TRACE=1: low-latency phase ends (${trace_dtype^^} dispatch, BF16 combine; every call, warm-up included)"
-    for tokens in ${UNIFAB_LLTRACE_TOKENS:-1 128}; do
-      UNIFAB_EP_TRACE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "$bench" ep --mode ll --dtype "$trace_dtype" --tokens "$tokens" \
-        --ops combine --iters 50 --warmup 10 ${UNIFAB_LLTRACE_ARGS:-} >"$logs/ep-lltrace-$tokens.txt" 2>&1 || failed=1
-      grep -E "^ +[0-9]+ +[a-z]" "$logs/ep-lltrace-$tokens.txt" | tee -a "$summary"
-      grep -o -E "EP trace rank [0-9]+: LL.*" "$logs/ep-lltrace-$tokens.txt" | sort | sed "s/^/  /" | tee -a "$summary"
+    # UNIFAB_LLTRACE_OPS (default combine; pair: the combine right after its dispatch, no flush between).
+    for trace_op in ${UNIFAB_LLTRACE_OPS:-combine}; do
+      for tokens in ${UNIFAB_LLTRACE_TOKENS:-1 128}; do
+        trace_log="$logs/ep-lltrace-$trace_op-$tokens.txt"
+        say "-- $trace_op, $tokens tokens"
+        UNIFAB_EP_TRACE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "$bench" ep --mode ll --dtype "$trace_dtype" --tokens "$tokens" \
+          --ops "$trace_op" --iters 50 --warmup 10 ${UNIFAB_LLTRACE_ARGS:-} >"$trace_log" 2>&1 || failed=1
+        grep -E "^ +[0-9]+ +[a-z]" "$trace_log" | tee -a "$summary"
+        grep -o -E "EP trace rank [0-9]+: LL.*" "$trace_log" | sort | sed "s/^/  /" | tee -a "$summary"
+      done
     done
     ;;
   llncu)
