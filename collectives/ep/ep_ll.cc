@@ -46,9 +46,7 @@ Result unifabEpGroup::planLowLatencyLayout(const unifabEpConfig_t& config, int n
   L.setBytes = set.used();
 
   unifab::collectives::ep::Carver window(nullptr);
-  L.released = window.reserve(sizeof(uint64_t) * kep::kLlSets *
-                              (static_cast<size_t>(nRanks) * tokens * kep::kLlReceiveTeamMax +
-                               tokens * kep::llCombineParts(config.hidden)));
+  L.released = window.reserve(sizeof(uint64_t) * kep::kLlSets * nRanks * tokens * kep::kLlReceiveTeamMax);
   L.setBase = window.reserve(L.setBytes * kep::kLlSets);
   L.total = window.used();
   *layout = L;

@@ -160,8 +160,8 @@ enum TracePoint : int {
   kTraceLlDispatchSent,       // each sending warp: its last item (part or bitmap word) done
   kTraceLlDispatchLinesIn,    // each receiving warp: its first message's lines all in
   kTraceLlDispatchReceived,   // each receiving warp: its last message copied
-  kTraceLlDispatchRouted,     // each receiving warp: its first message's header lines and cleared counts seen
   kTraceLlDispatchExited,     // each warp: its end, once the loads it issued first are back
+  kTraceLlDispatchRouted,     // each receiving warp: its first message's header lines and cleared counts seen
   kTraceLlDispatchIdsIn,      // each sending warp: its first part's top-k entries in and checked
   kTraceLlDispatchValuesIn,   // each sending warp: its first part's values in (before the cast)
   kTraceLlDispatchMaskIn,     // each bitmap warp: its first word's token ranks known
@@ -174,8 +174,7 @@ enum TracePoint : int {
   kTraceLlCombineSent,        // each sending warp: its last part's lines stored
   kTraceLlCombineLinesIn,     // each receiving warp: its first token's first partials all in
   kTraceLlCombineReceived,
-  kTraceLlCombineFree,        // each sending warp: its first partial's slot seen released
-  kTraceLlCombineExited,      // each warp: its end, once its first release word (read across NVLink) is back
+  kTraceLlCombineExited,      // each warp: its end, once the loads it issued first are back
   kTracePoints
 };
 constexpr int kTraceCalls = 256;

@@ -55,7 +55,8 @@ __device__ __forceinline__ bool waitUntil(const LlView& g, Ready ready) {
 __device__ __forceinline__ bool warpAll(bool ok) { return __all_sync(0xffffffff, ok) != 0; }
 
 // What a block needs of the call before any of its warps writes: the epochs of the operation's two
-// phases, the epoch of the last send into the set, and whether the group has timed out. The last
+// phases, the epoch of the last send into the set (the dispatch's slot check; the combine has none),
+// and whether the group has timed out. The last
 // four lanes of the block's last warp (a receiving warp, which needs the epochs before anything
 // else) each load one of the four words (loadStartWord) at the kernel's start and hand them to every
 // warp through shared memory (BlockStart): one load per block and word, not one per warp (with 1792
@@ -137,15 +138,15 @@ __device__ __forceinline__ void touchParameterLines(const LlView& g, int inputFi
 // reached) and lane 0 records them all after its work; block 0 stamps the kernel's start.
 // `published`: the dispatch's last part's lines stored, the combine's first part's lines stored;
 // `arrived`: the dispatch's first message's lines all in, the combine's first partials' lines in;
-// `awaited`: the dispatch's first message's routing (bitmap word, cleared counts) seen, the
-// combine's first partial's slot seen released; `exited`: the warp's last instruction, after the
-// loads it issued at the start have come back (a warp does not retire before them).
+// `exited`: the warp's last instruction, after the loads it issued at the start have come back (a
+// warp does not retire before them); `awaited` (the dispatch's): its first message's routing
+// (bitmap word, cleared counts) seen.
 // Stamps keep the timer's low 32 bits (differences within a call are far below 4 s). They sit in
 // shared memory, written only while tracing: in registers, the kernels (the dispatch at its 128)
 // carried them through every path, traced or not. A stamp is taken by the whole warp.
 enum LlStamp {
-  kStarted, kLoaded, kPublished, kSent, kArrived, kReceived, kAwaited, kExited,  // both operations
-  kIdsIn, kValuesIn, kMaskIn, kWordStored, kRowsKnown, kRowsStored,               // the dispatch's further points
+  kStarted, kLoaded, kPublished, kSent, kArrived, kReceived, kExited,            // both operations
+  kAwaited, kIdsIn, kValuesIn, kMaskIn, kWordStored, kRowsKnown, kRowsStored,    // the dispatch's further points
   kLlStamps
 };
 static_assert(kTraceLlCombineStarted - kTraceLlDispatchStarted == kLlStamps, "a trace point for each dispatch stamp");
@@ -259,25 +260,19 @@ __device__ __forceinline__ void recordEpochs(const LlView& g, LlOpCounters* c, i
   }
 }
 
-// Release words (LlLayout::released). Dispatch: in the sender's window (rank `sender`), for its slot
-// of token t in receiver `receiver`'s `set`, one word per warp of the receiving team
+// Release words (LlLayout::released), the dispatch's: in the sender's window (rank `sender`), for its
+// slot of token t in receiver `receiver`'s `set`, one word per warp of the receiving team
 // (kLlReceiveTeamMax); the receiver stores them across NVLink once it has read
 // the slot, so that the sender's check before writing the slot again is a load from its own memory
 // (the sender checks every slot of a call, on its critical path; the receiver's store is the last
-// thing its warp does with the slot). Combine: part p of token t of `set` in the receiver's own
-// window (rank `rank`), read by the sender across NVLink.
+// thing its warp does with the slot). The combine needs none (combineSend).
 __device__ __forceinline__ uint64_t* dispatchReleased(const LlView& g, int sender, int set, int receiver, int t) {
   return reinterpret_cast<uint64_t*>(at(g, sender, g.layout.released)) +
          ((static_cast<size_t>(set) * g.nRanks + receiver) * g.maxTokens + t) * kLlReceiveTeamMax;
 }
-__device__ __forceinline__ uint64_t* combineReleased(const LlView& g, int rank, int set, int t, int p) {
-  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.released)) +
-         static_cast<size_t>(kLlSets) * g.nRanks * g.maxTokens * kLlReceiveTeamMax +
-         (static_cast<size_t>(set) * g.maxTokens + t) * llCombineParts(g.hidden) + p;
-}
 
-// A dispatch slot's release: the lowest of its kLlReceiveTeamMax words, one per warp of the team
-// that reads it (dispatchReceive); a combine part's has one word. A slot's words are loaded
+// A slot's release: the lowest of its kLlReceiveTeamMax words, one per warp of the team that reads
+// it (dispatchReceive). A slot's words are loaded
 // (issueReleased) apart from taking their lowest (lowestReleased), so that a warp that checks
 // several slots issues all their loads before it compares any: a comparison right after each
 // slot's loads, behind a branch on the rank, held the next slot's loads until those had come back
@@ -296,10 +291,7 @@ __device__ __forceinline__ uint64_t lowestReleased(const SlotWords& slot) {
   for (int i = 1; i < kLlReceiveTeamMax; ++i) lowest = min(lowest, slot.word[i]);
   return lowest;
 }
-template <int kWords>
 __device__ __forceinline__ uint64_t loadReleased(const uint64_t* words) {
-  static_assert(kWords == 1 || kWords == kLlReceiveTeamMax, "a combine part's word or a dispatch slot's");
-  if (kWords == 1) return loadRelaxed(words);
   SlotWords slot;
   issueReleased(words, slot);
   return lowestReleased(slot);
@@ -308,25 +300,11 @@ __device__ __forceinline__ uint64_t loadReleased(const uint64_t* words) {
 // Until `words` say their slot's readers have finished the call `lastUse` (`seen`: the words as
 // loaded earlier, usually already enough). The wait itself is out of line: it is rare, and each
 // of its callers would otherwise carry a copy of the polling loop in the dispatch's hot code.
-template <int kWords>
 __device__ __noinline__ bool waitReleased(const LlView& g, const uint64_t* words, uint64_t lastUse) {
-  return waitUntil<true>(g, [&] { return loadReleased<kWords>(words) >= lastUse; });
+  return waitUntil<true>(g, [&] { return loadReleased(words) >= lastUse; });
 }
-template <int kWords>
 __device__ __forceinline__ bool released(const LlView& g, const uint64_t* words, uint64_t lastUse, uint64_t seen) {
-  return seen >= lastUse || waitReleased<kWords>(g, words, lastUse);
-}
-
-// The receiving warp's word for a slot it has read, stored by lane 0 (into the sender's memory for a
-// dispatch slot, this GPU's for a combine part). No fence: it relies on every lane's loads of the
-// slot having returned, which holds for every value that matters because each was used (stored
-// into the outputs, or branched on) before the warp barrier, and a GPU issues a thread's
-// instructions in order; a load whose value is thrown away (a dispatch line's padding) may still
-// be in flight, harmlessly. A sender that reads the word writes the slot only after (its stores
-// depend on the branch on it).
-__device__ __forceinline__ void releaseSlot(uint64_t* word, uint64_t epoch, int lane) {
-  __syncwarp();
-  if (lane == 0) storeRelaxed(word, epoch);
+  return seen >= lastUse || waitReleased(g, words, lastUse);
 }
 
 // The release words a dispatch send warp needs (in this GPU's memory), loaded with its inputs
@@ -497,7 +475,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     const int t = c * kWarp + lane;
     bool ok = true;
     for (int d = 0; d < g.nRanks && ok && t < g.maxTokens; ++d) {
-      ok = released<kLlReceiveTeamMax>(g, dispatchReleased(g, g.rank, set, d, t), e.lastUse, seen);
+      ok = released(g, dispatchReleased(g, g.rank, set, d, t), e.lastUse, seen);
     }
     return warpAll(ok);
   };
@@ -506,7 +484,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   auto slotFree = [&](int t, uint64_t ranks, uint64_t seen) {
     bool ok = true;
     for (int d = lane; d < g.nRanks && ok; d += kWarp) {
-      if (((ranks >> d) & 1ULL) != 0) ok = released<kLlReceiveTeamMax>(g, dispatchReleased(g, g.rank, set, d, t), e.lastUse, seen);
+      if (((ranks >> d) & 1ULL) != 0) ok = released(g, dispatchReleased(g, g.rank, set, d, t), e.lastUse, seen);
     }
     return warpAll(ok);
   };
@@ -670,9 +648,14 @@ __device__ __forceinline__ int receiveTeamShift(int slots, int sendWarps) {
   return spare >= 4 * slots ? 2 : spare >= 2 * slots ? 1 : 0;
 }
 
-// releaseSlot for member `member` of a team of `team` warps that read a dispatch slot: each stores
-// its own of the slot's words (dispatchReleased), member 0 also those of the members the team
-// does not have, so that the sender's lowest word is the epoch once every member is done.
+// The words of a slot that member `member` of a team of `team` warps has read, stored into the
+// sender's memory: each member its own of the slot's words (dispatchReleased), member 0 also those
+// of the members the team does not have, so that the sender's lowest word is the epoch once every
+// member is done. No fence: it relies on every lane's loads of the slot having returned, which
+// holds for every value that matters because each was used (stored into the outputs, or branched
+// on) before the warp barrier, and a GPU issues a thread's instructions in order; a load whose
+// value is thrown away (a line's padding) may still be in flight, harmlessly. A sender that reads
+// the word writes the slot only after (its stores depend on the branch on it).
 __device__ __forceinline__ void releaseSlotAsMember(uint64_t* words, uint64_t epoch, int lane, int member, int team) {
   __syncwarp();
   if (lane < kLlReceiveTeamMax && (lane == member || (member == 0 && lane >= team))) storeRelaxed(words + lane, epoch);
@@ -1000,10 +983,18 @@ __device__ __forceinline__ CombineItem combineItemOf(const LlView& g, int item) 
   return {s * g.maxTokens + t, s, t, item - pair * llCombineParts(g.hidden)};
 }
 
-// The send phase of warp `warp` of `warps`: items (combineItemOf) in order. The first item's release
-// word (`firstSeen`) and `firstRow` / `firstWeight` (loadRowOf) were loaded with the epochs.
+// The send phase of warp `warp` of `warps`: items (combineItemOf) in order. The first item's
+// `firstRow` / `firstWeight` (loadRowOf) were loaded with the epochs.
+// A partial's slot needs no release word: its receiver has read what this rank last wrote there
+// before this call can run. That was the combine of the dispatch before last, which used the same
+// set: the receiver had issued its receive phase before its dispatch send that reused the set (the
+// host refuses that send otherwise), so in its stream the receive completed before that send's
+// kernel stored its bitmap words; this rank's receive of the same dispatch waited for those words,
+// and this call's send comes after that receive (a handle's combine needs its dispatch received).
+// Checking across NVLink cost the 1-token combine 0.5 us and the 0-token one 1.0 (two GPUs,
+// docs/benchmarks/ep-ll.md, twenty-ninth session).
 __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, CallEpochs& epochs, int warp, int warps,
-                            uint64_t firstSeen, int firstRow, float firstWeight) {
+                            int firstRow, float firstWeight) {
   const int lane = threadIdx.x % kWarp;
   const LlEpochs& e = epochs.e;  // valid once haveEpochs: waited for after the rows are summed
   const int parts = llCombineParts(g.hidden);
@@ -1016,8 +1007,6 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     if (item != warp) loadRowOf(g, in, set, slot, lane, row, weight);
     const unsigned rows = __ballot_sync(0xffffffff, row >= 0);
     if (rows == 0) continue;
-    // A later item's release word, loaded with its expert rows: long before the partial is stored.
-    const uint64_t seen = item == warp ? firstSeen : loadRelaxed(combineReleased(g, s, set, t, p));
     const int firstVector = p * kLlCombinePartValues / 8;
     PartSum sum(min(kLlCombinePartValues, g.hidden - p * kLlCombinePartValues) / 8, lane);
     // Top-k slot order: the sum's order is fixed. kCombineRowsInFlight rows' loads at a time; each
@@ -1045,9 +1034,6 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     if (!haveEpochs(g, epochs)) return;
     LineRun<kPartGroups> run;
     sum.toLines(run, e.send);
-    // Rank s's part p of token t, free once s has read what this rank last wrote there.
-    if (!warpAll(released<1>(g, combineReleased(g, s, set, t, p), e.lastUse, seen))) return;
-    stampOnce(g, kAwaited, [&] { return traceNow(g); });
     run.store(partialAt(g, s, set, g.rank, t) + static_cast<size_t>(p) * kLlCombinePartLines * kLineBytes, lines, lane);
     stampOnce(g, kPublished, [&] { return traceNow(g); });
   }
@@ -1061,12 +1047,6 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
   const LlSetLocal& local = g.sets[set];
   const int parts = llCombineParts(g.hidden);
   const size_t partOffset = static_cast<size_t>(kLlCombinePartLines) * kLineBytes;
-  // Slots of tokens this call does not have are read by nobody: released at once, so that a sender
-  // whose last write there was in an earlier call need not wait for a call that uses them again.
-  for (int i = warp * kWarp + lane; i < (g.maxTokens - in.numTokens) * parts; i += warps * kWarp) {
-    const int past = quotientOf(g.combineParts, i);  // tokens past this call's
-    storeRelaxed(combineReleased(g, g.rank, set, in.numTokens + past, i - past * parts), epoch);
-  }
   for (int item = warp; item < in.numTokens * parts; item += warps) {
     const int t = quotientOf(g.combineParts, item);
     const int p = item - t * parts;
@@ -1117,7 +1097,6 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
       const int offset = pieceOffset(i, lane);
       if (lane % 8 != kFlagPiece && offset < payloadBytes) *reinterpret_cast<int4*>(out + offset) = floatToBf16x8(acc[i]);
     }
-    releaseSlot(combineReleased(g, g.rank, set, t, p), epoch, lane);
     stampAgain(g, kReceived, [&] { return traceNow(g); });
   }
 }
@@ -1141,25 +1120,24 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   traceKernelStart(g);
   clearStamps(g);
   const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, set, threadIdx.x - kFirstStartThread) : 0;
-  uint64_t firstSeen = 0, firstRanks = 0;
+  uint64_t firstRanks = 0;
   int firstRow = -1;
   float firstWeight = 0.0f;
   if (send && warp < g.nRanks * g.maxTokens * parts) {
     const CombineItem first = combineItemOf(g, warp);
-    firstSeen = loadRelaxed(combineReleased(g, first.s, set, first.t, first.p));
     loadRowOf(g, in, set, first.slot, lane, firstRow, firstWeight);
   }
   if (receive && receiveWarp < in.numTokens * parts) firstRanks = __ldcg(g.sets[set].tokenRanks + quotientOf(g.combineParts, receiveWarp));
   publishStartWord(blockStart, startWord);
   CallEpochs epochs{&blockStart, {}, false};
   if (send) {
-    combineSend(g, in, set, epochs, warp, warps, firstSeen, firstRow, firstWeight);
+    combineSend(g, in, set, epochs, warp, warps, firstRow, firstWeight);
     if (warp < g.nRanks * g.maxTokens * parts) stampAgain(g, kSent, [&] { return traceNow(g); });
   }
   if (!haveEpochs(g, epochs)) return;
   recordEpochs(g, counters, set, send, receive, epochs.e);
   if (receive) combineReceive(g, in, set, epochs.e.receive, receiveWarp, warps, firstRanks);
-  stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(firstSeen)); });
+  stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(firstRanks)); });
   traceWarp(g, kTraceLlCombineStarted, kTracePoints - kTraceLlCombineStarted, send ? epochs.e.send : epochs.e.receive);
 }
 

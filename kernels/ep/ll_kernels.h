@@ -76,12 +76,11 @@ UNIFAB_HOST_DEVICE constexpr int llCombinePartValues(int hidden, int p) {
 // Byte offsets into the window (identical on every rank). Set b's arrays start at
 // setBase + b * setBytes; the offsets below are relative to that.
 struct LlLayout {
-  size_t released;      // uint64 words: the epoch of the last call whose data in a slot its reader
-                        //   has finished reading; dispatch [kLlSets][nRanks (receiver)][maxTokens]
+  size_t released;      // uint64 words: the epoch of the last dispatch whose message in a slot its
+                        //   reader has finished reading: [kLlSets][nRanks (receiver)][maxTokens]
                         //   [kLlReceiveTeamMax] for this rank's slots in each receiver, a word per
-                        //   warp of the receiving team, stored there by the receivers,
-                        //   then combine [kLlSets][maxTokens][llCombineParts(hidden)] for the
-                        //   partials sent to this rank, stored by this rank, read by the senders
+                        //   warp of the receiving team, stored there by the receivers (a combine
+                        //   partial's slot needs none: combineSend in ll.cu)
   size_t setBase;
   size_t setBytes;
   size_t tokenBits;     // uint64 [nRanks][bitWords]: tagged bitmaps of the tokens rank s sends us
