@@ -39,13 +39,13 @@ Result unifabEpGroup::planLowLatencyLayout(const unifabEpConfig_t& config, int n
   L.messageBytes = runLines * unifab::kernels::kLineBytes;
 
   unifab::collectives::ep::Carver set(nullptr);
-  L.tokenBits = set.reserve(sizeof(uint64_t) * nRanks * L.bitWords);
   L.messages = set.reserve(static_cast<size_t>(L.messageBytes) * nRanks * tokens);
   L.partialBytes = kep::llCombineParts(config.hidden) * kep::kLlCombinePartLines * unifab::kernels::kLineBytes;
   L.partials = set.reserve(static_cast<size_t>(L.partialBytes) * nRanks * tokens);
   L.setBytes = set.used();
 
   unifab::collectives::ep::Carver window(nullptr);
+  L.tokenBits = window.reserve(sizeof(uint64_t) * kep::kLlWordGenerations * nRanks * L.bitWords);
   L.released = window.reserve(sizeof(uint64_t) * kep::kLlSets * nRanks * tokens * kep::kLlReceiveTeamMax);
   L.setBase = window.reserve(L.setBytes * kep::kLlSets);
   L.total = window.used();
@@ -139,6 +139,7 @@ Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
       set.weightOf = carve.take<float>(slots * v.topk);
       set.tokenRanks = carve.take<uint64_t>(v.maxTokens);
     }
+    v.sentRanks = carve.take<uint64_t>(static_cast<size_t>(v.maxTokens) * kep::kLlWordGenerations);
     v.trace = unifab::params().epTrace ? carve.take<unsigned long long>(kep::kTraceWords) : nullptr;
   }));
   defaultSms_ = config_.maxSms > 0 ? std::min(config_.maxSms, deviceSms_) : deviceSms_;

@@ -262,10 +262,11 @@ __device__ __forceinline__ void recordEpochs(const LlView& g, LlOpCounters* c, i
 
 // Release words (LlLayout::released), the dispatch's: in the sender's window (rank `sender`), for its
 // slot of token t in receiver `receiver`'s `set`, one word per warp of the receiving team
-// (kLlReceiveTeamMax); the receiver stores them across NVLink once it has read
-// the slot, so that the sender's check before writing the slot again is a load from its own memory
-// (the sender checks every slot of a call, on its critical path; the receiver's store is the last
-// thing its warp does with the slot). The combine needs none (combineSend).
+// (kLlReceiveTeamMax); the receiver stores them across NVLink once it has read a message
+// there, so that the sender's check before writing the slot again is a load from its own memory
+// (the receiver's store is the last thing its warp does with the slot). Only a slot written in the
+// set's previous send is checked, and only a slot that held a message is released (dispatchSend);
+// the bitmap words and the combine's partials need none (kLlWordGenerations, combineSend).
 __device__ __forceinline__ uint64_t* dispatchReleased(const LlView& g, int sender, int set, int receiver, int t) {
   return reinterpret_cast<uint64_t*>(at(g, sender, g.layout.released)) +
          ((static_cast<size_t>(set) * g.nRanks + receiver) * g.maxTokens + t) * kLlReceiveTeamMax;
@@ -307,13 +308,12 @@ __device__ __forceinline__ bool released(const LlView& g, const uint64_t* words,
   return seen >= lastUse || waitReleased(g, words, lastUse);
 }
 
-// The release words a dispatch send warp needs (in this GPU's memory), loaded with its inputs
-// (every rank's before any is checked): `partSeen`, lane l's lowest word of slot (this rank, token
-// t) in ranks l, l + 32 (< nRanks); `bitsSeen`, lane i's lowest word of slot (this rank, 32 c + i)
-// in every rank, kLoadsInFlight ranks at a time (two 16-byte loads each: eight in flight). No
-// branch on a lane's rank between the loads: a lane past the last rank loads a rank's words that
-// it then ignores.
-constexpr int kLoadsInFlight = 4;
+// What a part warp needs to know whether its token's slots are free (in this GPU's memory), loaded
+// with its inputs (every rank's before any is checked): `seen`, lane l's lowest word of slot (this
+// rank, token t) in ranks l, l + 32 (< nRanks), and `sent`, lane l's generation l % 4 of the ranks
+// token t went to (LlView::sentRanks: the generation of the set's previous send is known only with
+// the epochs). No branch on a lane's rank between the loads: a lane past the last rank loads a
+// rank's words that it then ignores.
 __device__ __forceinline__ uint64_t loadPartReleased(const LlView& g, int set, int t, int lane) {
   static_assert(kMaxRanks <= 2 * kWarp, "a lane covers at most two ranks");
   const bool hasFirst = lane < g.nRanks, hasSecond = lane + kWarp < g.nRanks;
@@ -322,20 +322,12 @@ __device__ __forceinline__ uint64_t loadPartReleased(const LlView& g, int set, i
   if (g.nRanks > kWarp) issueReleased(dispatchReleased(g, g.rank, set, hasSecond ? lane + kWarp : 0, t), second);
   return min(hasFirst ? lowestReleased(first) : ~0ULL, hasSecond ? lowestReleased(second) : ~0ULL);
 }
-__device__ __forceinline__ uint64_t loadBitsReleased(const LlView& g, int set, int c, int lane) {
-  const int t = c * kWarp + lane;
-  uint64_t lowest = ~0ULL;
-  if (t >= g.maxTokens) return lowest;
-  for (int d0 = 0; d0 < g.nRanks; d0 += kLoadsInFlight) {
-    SlotWords word[kLoadsInFlight];
-#pragma unroll
-    for (int i = 0; i < kLoadsInFlight; ++i) issueReleased(dispatchReleased(g, g.rank, set, min(d0 + i, g.nRanks - 1), t), word[i]);
-#pragma unroll
-    for (int i = 0; i < kLoadsInFlight; ++i) {
-      if (d0 + i < g.nRanks) lowest = min(lowest, lowestReleased(word[i]));
-    }
-  }
-  return lowest;
+struct PartSlots {
+  uint64_t seen, sent;
+};
+__device__ __forceinline__ PartSlots loadPartSlots(const LlView& g, int set, int t, int lane) {
+  const uint64_t sent = g.sentRanks[static_cast<size_t>(t) * kLlWordGenerations + lane % kLlWordGenerations];
+  return {loadPartReleased(g, set, t, lane), sent};
 }
 
 __device__ __forceinline__ char* messageAt(const LlView& g, int rank, int set, int source, int token) {
@@ -462,34 +454,34 @@ __device__ void storeHeaderLines(const LlView& g, int set, int t, uint64_t ranks
   }
 }
 
-// The send phase of the warp `warp` of `warps`. `partSeen` and `part` (loadPartReleased, loadPart:
-// its first item's if that is a part), `bitsSeen` and `bitmapMask` (loadBitsReleased,
-// tokenRankMask: its first item's if that is a bitmap word) were loaded with the epochs.
+// The send phase of the warp `warp` of `warps`. `partSlots` and `part` (loadPartSlots, loadPart:
+// its first item's if that is a part) and `bitmapMask` (tokenRankMask: its first item's if that is
+// a bitmap word) were loaded with the epochs.
+// Which slots are checked before they are written: only those this rank wrote in the set's
+// previous send (epoch lastUse), whose receivers release them once read. A slot written in an
+// earlier send of the set was read before this call can run: its receiver finished that receive
+// before its send of lastUse (a set is not sent into again while its previous receive is pending:
+// that send would wait for the release until the timeout), and this rank received that send, or
+// one after it, before this send (at most kLlSets sends await their receive). A bitmap word is
+// never checked (kLlWordGenerations). Only a message's slot is released, so a receiver of an empty
+// slot stores nothing across NVLink: checking every slot and releasing every word cost the 0-token
+// dispatch 1.0 us and the 1-token one 0.6 (two GPUs, docs/benchmarks/ep-ll.md, twenty-ninth session).
 __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set, CallEpochs& epochs, int warp, int warps,
-                             uint64_t partSeen, uint64_t bitsSeen, uint64_t bitmapMask, PartInput& part,
-                             char* staging) {
+                             PartSlots partSlots, uint64_t bitmapMask, PartInput& part, char* staging) {
   const int lane = threadIdx.x % kWarp;
   const LlEpochs& e = epochs.e;  // valid once haveEpochs: each path waits for it before its first write
-  // Bitmap word c goes to every rank: slots 32 c .. 32 c + 31 of this rank, read by every rank.
-  auto bitsFree = [&](int c, uint64_t seen) {
-    const int t = c * kWarp + lane;
-    bool ok = true;
-    for (int d = 0; d < g.nRanks && ok && t < g.maxTokens; ++d) {
-      ok = released(g, dispatchReleased(g, g.rank, set, d, t), e.lastUse, seen);
-    }
-    return warpAll(ok);
-  };
   // Token t's message goes to the ranks in `ranks`: lane l waits for ranks l and l + 32's slot
-  // (this rank, t), `seen` their lowest word (loadPartReleased).
-  auto slotFree = [&](int t, uint64_t ranks, uint64_t seen) {
+  // (this rank, t) if the set's previous send wrote there, `slots.seen` their lowest word.
+  auto slotFree = [&](int t, uint64_t ranks, const PartSlots& slots) {
+    const uint64_t previous =
+        e.lastUse == 0 ? 0 : __shfl_sync(0xffffffff, slots.sent, static_cast<int>(e.lastUse % kLlWordGenerations));
     bool ok = true;
     for (int d = lane; d < g.nRanks && ok; d += kWarp) {
-      if (((ranks >> d) & 1ULL) != 0) ok = released(g, dispatchReleased(g, g.rank, set, d, t), e.lastUse, seen);
+      if (((ranks & previous) >> d & 1ULL) != 0) ok = released(g, dispatchReleased(g, g.rank, set, d, t), e.lastUse, slots.seen);
     }
     return warpAll(ok);
   };
   const LlSetLocal& local = g.sets[set];
-  const size_t bitsOffset = setOffset(g, set) + g.layout.tokenBits;
 
   // Message parts: one warp per (token, part).
   const int parts = llParts(g.hidden);
@@ -513,14 +505,14 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     // lowest of the words is taken as soon as they are in, which holds up the loads issued after it
     // (the inputs' loads went out ~0.3 us later, 1-token trace).
     if (item != warp) loadPart(g, in, item, lane, part);
-    const uint64_t seen = item == warp ? partSeen : loadPartReleased(g, set, t, lane);
+    const PartSlots slots = item == warp ? partSlots : loadPartSlots(g, set, t, lane);
     const int first = p * kLlPartValues;
     const int partValues = min(kLlPartValues, g.hidden - first);
     const int id = validExpert(g, part.id, lane);
     const uint64_t ranks = ranksOf(g, id);
     stampOnce(g, kIdsIn, [&] { return traceNowAfter(g, static_cast<uint32_t>(ranks)); });
     if (ranks == 0) continue;
-    if (!haveEpochs(g, epochs) || !slotFree(t, ranks, seen)) return;
+    if (!haveEpochs(g, epochs) || !slotFree(t, ranks, slots)) return;
     const int dataLines = llDataLines(in.fp8);
     const size_t headerAt = static_cast<size_t>(parts) * dataLines * kLineBytes;
     // Part 0 sends the header lines first, before its values are cast, so that the receiver hands
@@ -599,24 +591,23 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   }
 
   // What each rank should expect: one tagged bitmap word per 32 tokens (all of maxTokens, so
-  // that a receiver need not know how many tokens this rank has).
+  // that a receiver need not know how many tokens this rank has), in the send's generation; and
+  // where each token went, for the combine (tokenRanks) and for this set's next send (sentRanks).
   const int preloadedWord = warp >= messageItems ? warp - messageItems : -1;
   for (int c = firstBitWord(messageItems, warp, warps); c < g.layout.bitWords; c += warps) {
     const int t = c * kWarp + lane;
-    // A later word's release words are loaded with its token's entries.
     const uint64_t mask = c == preloadedWord ? bitmapMask : tokenRankMask(g, in, t);
-    const uint64_t seen = c == preloadedWord ? bitsSeen : loadBitsReleased(g, set, c, lane);
     stampOnce(g, kMaskIn, [&] { return traceNowAfter(g, __reduce_or_sync(0xffffffff, static_cast<unsigned>(mask))); });
     if (t < g.maxTokens) local.tokenRanks[t] = mask;
-    if (!haveEpochs(g, epochs) || !bitsFree(c, seen)) return;
+    if (!haveEpochs(g, epochs)) return;
+    const int generation = static_cast<int>(e.send % kLlWordGenerations);
+    const size_t wordAt = g.layout.tokenBits + ((static_cast<size_t>(generation) * g.nRanks + g.rank) * g.layout.bitWords + c) * sizeof(uint64_t);
     for (int d = 0; d < g.nRanks; ++d) {
       const unsigned bits = __ballot_sync(0xffffffff, (mask >> d) & 1ULL);
-      if (lane == d % kWarp) {
-        uint64_t* word = reinterpret_cast<uint64_t*>(at(g, d, bitsOffset)) + static_cast<size_t>(g.rank) * g.layout.bitWords + c;
-        storeRelaxed(word, countWord(e.send, static_cast<int>(bits)));
-      }
+      if (lane == d % kWarp) storeRelaxed(reinterpret_cast<uint64_t*>(at(g, d, wordAt)), countWord(e.send, static_cast<int>(bits)));
     }
     stampOnce(g, kWordStored, [&] { return traceNowIssued(g); });
+    if (t < g.maxTokens) g.sentRanks[static_cast<size_t>(t) * kLlWordGenerations + generation] = mask;
   }
   clearCounts();
 }
@@ -684,7 +675,9 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
   const size_t rowBytes = static_cast<size_t>(g.hidden) * valueBytes;
   const int vectors = static_cast<int>(rowBytes / 16);
   const int scalesPerRow = g.hidden / kScaleBlock;
-  const uint64_t* tokenBits = reinterpret_cast<const uint64_t*>(at(g, g.rank, setOffset(g, set) + g.layout.tokenBits));
+  // The bitmap words of the send this receive completes (its epoch's generation).
+  const uint64_t* tokenBits = reinterpret_cast<const uint64_t*>(at(g, g.rank, g.layout.tokenBits)) +
+                              static_cast<size_t>(epoch % kLlWordGenerations) * g.nRanks * g.layout.bitWords;
   const int firstExpert = g.rank * g.numLocalExperts;
   // Lane l moves piece l % 8 of line l / 8 of each group: row vector 28 q + laneVector of value
   // group q, unless it is the flag's piece, which holds the line's FP8 scale.
@@ -754,12 +747,9 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     const SlotState state = awaitSlot(bitsWord, lanePiece + groups * kGroupPieces, t);
     if (state == kWaitFailed) return;
     int* rowOf = local.rowOf + static_cast<size_t>(slot) * g.topk;
-    uint64_t* slotReleased = dispatchReleased(g, s, set, g.rank, t);  // in the sender's memory
     if (state == kNoMessage) {
-      if (member == 0) {
-        if (lane < g.topk) rowOf[lane] = -1;  // no message: combine skips the slot
-        releaseSlotAsMember(slotReleased, epoch, lane, 0, 1);
-      }
+      // No message: combine skips the slot; nothing to release (dispatchSend).
+      if (member == 0 && lane < g.topk) rowOf[lane] = -1;
       continue;
     }
     stampOnce(g, kAwaited, [&] { return traceNow(g); });
@@ -836,7 +826,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       }
     }
     stampAgain(g, kRowsStored, [&] { return traceNowIssued(g); });
-    releaseSlotAsMember(slotReleased, epoch, lane, member, team);
+    releaseSlotAsMember(dispatchReleased(g, s, set, g.rank, t), epoch, lane, member, team);  // in the sender's memory
     stampAgain(g, kReceived, [&] { return traceNow(g); });
   }
 }
@@ -864,23 +854,23 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
   // Per warp: the part stream it sends, then the scales of the rows it receives.
   __shared__ alignas(16) char partStreams[kWarps][kPartStreamBytes];
   const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, set, threadIdx.x - kFirstStartThread) : 0;
-  uint64_t partSeen = 0, bitsSeen = 0, bitmapMask = 0;
+  PartSlots partSlots{0, 0};
+  uint64_t bitmapMask = 0;
   PartInput part;
   const int messageItems = dispatchMessageItems(g, in);
   if (send) {
     if (warp < messageItems) {
       // The inputs first, as for a later item (dispatchSend).
       loadPart(g, in, warp, lane, part);
-      partSeen = loadPartReleased(g, set, quotientOf(g.parts, warp), lane);
+      partSlots = loadPartSlots(g, set, quotientOf(g.parts, warp), lane);
     } else if (warp - messageItems < g.layout.bitWords) {
       bitmapMask = tokenRankMask(g, in, (warp - messageItems) * kWarp + lane);
-      bitsSeen = loadBitsReleased(g, set, warp - messageItems, lane);
     }
   }
   publishStartWord(blockStart, startWord);
   CallEpochs epochs{&blockStart, {}, false};
   if (send) {
-    dispatchSend(g, in, set, epochs, warp, warps, partSeen, bitsSeen, bitmapMask, part, partStreams[threadIdx.x / kWarp]);
+    dispatchSend(g, in, set, epochs, warp, warps, partSlots, bitmapMask, part, partStreams[threadIdx.x / kWarp]);
     if (warp < messageItems + g.layout.bitWords) stampAgain(g, kSent, [&] { return traceNow(g); });
   }
   if (!haveEpochs(g, epochs)) return;
@@ -889,7 +879,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
     dispatchReceive(g, in, set, epochs.e.receive, reinterpret_cast<float*>(partStreams[threadIdx.x / kWarp]),
                     send ? messageItems + g.layout.bitWords : 0);
   }
-  stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(partSeen ^ bitsSeen)); });
+  stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(partSlots.seen ^ partSlots.sent ^ bitmapMask)); });
   traceWarp(g, kTraceLlDispatchStarted, kTraceLlCombineStarted - kTraceLlDispatchStarted, send ? epochs.e.send : epochs.e.receive);
 }
 

@@ -40,6 +40,12 @@ namespace unifab::kernels::ep {
 
 constexpr int kLlPartValues = 7 * kScaleBlock;  // values per message part (one warp): whole lines in either dtype
 constexpr int kLlSets = 2;
+// Generations of the dispatch's bitmap words and of the record of where each token went: a send
+// of epoch e writes generation e % kLlWordGenerations. Four, because a send of epoch e runs after
+// this rank's receive of e - 2 (at most kLlSets sends await their receive), which saw every rank's
+// send of e - 2, which ran after that rank's receive of e - 4: the last reader of generation e % 4
+// is done, so a bitmap word needs no release word (ll.cu, dispatchSend).
+constexpr int kLlWordGenerations = 4;
 constexpr int kLlWarpsPerBlock = 16;  // a phase of a few hundred parts spreads over many SMs
 constexpr int kLlReceiveTeamMax = 4;  // warps that read one dispatch message together (ll.cu: receiveTeamShift)
 
@@ -74,16 +80,17 @@ UNIFAB_HOST_DEVICE constexpr int llCombinePartValues(int hidden, int p) {
 }
 
 // Byte offsets into the window (identical on every rank). Set b's arrays start at
-// setBase + b * setBytes; the offsets below are relative to that.
+// setBase + b * setBytes; `messages` and `partials` are relative to that.
 struct LlLayout {
   size_t released;      // uint64 words: the epoch of the last dispatch whose message in a slot its
                         //   reader has finished reading: [kLlSets][nRanks (receiver)][maxTokens]
                         //   [kLlReceiveTeamMax] for this rank's slots in each receiver, a word per
                         //   warp of the receiving team, stored there by the receivers (a combine
                         //   partial's slot needs none: combineSend in ll.cu)
+  size_t tokenBits;     // uint64 [kLlWordGenerations][nRanks][bitWords]: tagged bitmaps of the tokens
+                        //   rank s sends us, generation e % kLlWordGenerations for the send of epoch e
   size_t setBase;
   size_t setBytes;
-  size_t tokenBits;     // uint64 [nRanks][bitWords]: tagged bitmaps of the tokens rank s sends us
   size_t messages;      // [nRanks][maxTokens][messageBytes]: slot of (source rank, token), a run of
                         //   llRunLines flagged lines
   size_t partials;      // [nRanks][maxTokens][partialBytes]: lines of rank d's combine partial for our token t
@@ -140,6 +147,8 @@ struct LlView {
   int* hostError;
   uint64_t timeoutNs;
   LlSetLocal sets[kLlSets];
+  uint64_t* sentRanks;  // [maxTokens][kLlWordGenerations]: the ranks this rank's token t went to in its
+                        //   send of epoch e, at generation e % kLlWordGenerations (this GPU only)
   char* peerBase[kMaxRanks];
 };
 
