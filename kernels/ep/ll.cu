@@ -835,7 +835,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
 // inputs and the release words of the slots it writes first while its block's last warp loads the
 // call's epochs (BlockStart), all in one round trip; each block records the call's epochs for the
 // next call (recordEpochs), without a barrier between the phases; every receiving warp releases
-// each slot it has read (the per-expert counts are complete when every block is done).
+// each message slot it has read (the per-expert counts are complete when every block is done).
 __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool send, bool receive,
                                                                 const __grid_constant__ LlDispatchInput in,
                                                                 const __grid_constant__ LlView g) {
@@ -1092,7 +1092,7 @@ __device__ void combineReceive(const LlView& g, const LlCombineInput& in, int se
 }
 
 // One combine kernel runs the send phase, the receive phase or both, started as the dispatch
-// kernel is; every receiving warp releases each part of a partial it has summed.
+// kernel is.
 __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool send, bool receive,
                                                                LlCombineInput in,
                                                                const __grid_constant__ LlView g) {
