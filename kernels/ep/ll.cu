@@ -62,7 +62,7 @@ __device__ __forceinline__ bool warpAll(bool ok) { return __all_sync(0xffffffff,
 // warp through shared memory (BlockStart): one load per block and word, not one per warp (with 1792
 // warps at 128 tokens reading one line, the blocks had their epochs 0.6 to 3 us after the start).
 struct LlEpochs {
-  uint64_t send, receive, lastUse;
+  uint64_t send, receive, lastUse;  // lastUse: the set's last dispatch send (0 in a combine)
   bool timedOut;
 };
 
@@ -102,11 +102,12 @@ struct CallEpochs {
   bool known;
 };
 
-// Start word `which` (0..3): the two phases' last epochs, the set's last send, the error word.
-__device__ __forceinline__ uint64_t loadStartWord(const LlView& g, const LlOpCounters* c, int set, int which) {
+// Start word `which` (0..3): the two phases' last epochs, the set's last send (`setUse`: the
+// dispatch's words of the set; the combine has none, 0), the error word.
+__device__ __forceinline__ uint64_t loadStartWord(const LlView& g, const LlOpCounters* c, const uint64_t* setUse, int which) {
   if (which == 3) return static_cast<uint64_t>(*reinterpret_cast<const volatile int*>(g.error));
-  const uint64_t* word = which == 0 ? &c->send[blockIdx.x] : which == 1 ? &c->receive[blockIdx.x] : &c->setUse[set][blockIdx.x];
-  return loadRelaxed(word);
+  if (which == 2) return setUse != nullptr ? loadRelaxed(&setUse[blockIdx.x]) : 0;
+  return loadRelaxed(which == 0 ? &c->send[blockIdx.x] : &c->receive[blockIdx.x]);
 }
 
 // A kernel's parameters sit in a constant bank that each launch fills anew, so its first reads of
@@ -248,13 +249,13 @@ __device__ __forceinline__ bool haveEpochs(const LlView& g, CallEpochs& epochs) 
 // them again. The last block to arrive used to record them after a fence and a returning atomic,
 // in a sending and a receiving warp of every block (0-token dispatch: 4.1 us of kernel time, an
 // empty grid 0.9; docs/benchmarks/ep-ll.md, twenty-seventh session).
-__device__ __forceinline__ void recordEpochs(const LlView& g, LlOpCounters* c, int set, bool send, bool receive,
+__device__ __forceinline__ void recordEpochs(const LlView& g, LlOpCounters* c, uint64_t* setUse, bool send, bool receive,
                                              const LlEpochs& e) {
   if (threadIdx.x != 0) return;
   for (int w = blockIdx.x; w < g.counterBlocks; w += gridDim.x) {
     if (send) {
       c->send[w] = e.send;
-      c->setUse[set][w] = e.send;
+      if (setUse != nullptr) setUse[w] = e.send;
     }
     if (receive) c->receive[w] = e.receive;
   }
@@ -853,7 +854,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
   clearStamps(g);
   // Per warp: the part stream it sends, then the scales of the rows it receives.
   __shared__ alignas(16) char partStreams[kWarps][kPartStreamBytes];
-  const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, set, threadIdx.x - kFirstStartThread) : 0;
+  const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, g.counters->setUse[set], threadIdx.x - kFirstStartThread) : 0;
   PartSlots partSlots{0, 0};
   uint64_t bitmapMask = 0;
   PartInput part;
@@ -874,7 +875,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
     if (warp < messageItems + g.layout.bitWords) stampAgain(g, kSent, [&] { return traceNow(g); });
   }
   if (!haveEpochs(g, epochs)) return;
-  recordEpochs(g, counters, set, send, receive, epochs.e);
+  recordEpochs(g, counters, g.counters->setUse[set], send, receive, epochs.e);
   if (receive) {
     dispatchReceive(g, in, set, epochs.e.receive, reinterpret_cast<float*>(partStreams[threadIdx.x / kWarp]),
                     send ? messageItems + g.layout.bitWords : 0);
@@ -1109,7 +1110,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   LlOpCounters* counters = &g.counters->combine;
   traceKernelStart(g);
   clearStamps(g);
-  const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, set, threadIdx.x - kFirstStartThread) : 0;
+  const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, nullptr, threadIdx.x - kFirstStartThread) : 0;
   uint64_t firstRanks = 0;
   int firstRow = -1;
   float firstWeight = 0.0f;
@@ -1125,7 +1126,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
     if (warp < g.nRanks * g.maxTokens * parts) stampAgain(g, kSent, [&] { return traceNow(g); });
   }
   if (!haveEpochs(g, epochs)) return;
-  recordEpochs(g, counters, set, send, receive, epochs.e);
+  recordEpochs(g, counters, nullptr, send, receive, epochs.e);
   if (receive) combineReceive(g, in, set, epochs.e.receive, receiveWarp, warps, firstRanks);
   stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(firstRanks)); });
   traceWarp(g, kTraceLlCombineStarted, kTracePoints - kTraceLlCombineStarted, send ? epochs.e.send : epochs.e.receive);

@@ -113,19 +113,20 @@ struct LlSetLocal {
   uint64_t* tokenRanks; // [maxTokens]: ranks each of this rank's tokens went to
 };
 
-// Device-side call counters of one operation: the epoch of the last call of each phase and the
-// last epoch written into each set, one word per block. Block b of a call reads word b and writes
+// Device-side call counters of one operation: the epoch of the last call of each phase, one word
+// per block. Block b of a call reads word b and writes
 // the call's epochs into words b, b + gridDim, ... below LlView::counterBlocks, so that every word
 // a later grid reads holds the same epoch whatever the grids' sizes, and no block waits for the
 // others: no fence, no atomic, nothing at the kernel's end (the next call reads them after this
 // grid is done, in stream order or past griddepcontrol.wait).
 struct LlOpCounters {
   uint64_t send[kMaxBlocks], receive[kMaxBlocks];
-  uint64_t setUse[kLlSets][kMaxBlocks];
 };
 
 struct LlCounters {
   LlOpCounters dispatch, combine;
+  uint64_t setUse[kLlSets][kMaxBlocks];  // the epoch of the last dispatch send into each set, per block as
+                                         //   above (the dispatch's slot check; the combine needs none)
   uint64_t countsCleared[kLlSets];  // epoch of the dispatch whose send phase cleared the set's recvCount
   uint64_t traceStart;   // global timer when block 0 started the running kernel (tracing only)
 };
@@ -148,7 +149,9 @@ struct LlView {
   uint64_t timeoutNs;
   LlSetLocal sets[kLlSets];
   uint64_t* sentRanks;  // [maxTokens][kLlWordGenerations]: the ranks this rank's token t went to in its
-                        //   send of epoch e, at generation e % kLlWordGenerations (this GPU only)
+                        //   send of epoch e, at generation e % kLlWordGenerations (this GPU only):
+                        //   apart from LlSetLocal::tokenRanks (the combine's), which a send's bitmap
+                        //   warps overwrite while its part warps still check the previous send's
   char* peerBase[kMaxRanks];
 };
 
