@@ -38,15 +38,17 @@ Result unifabEpGroup::planLowLatencyLayout(const unifabEpConfig_t& config, int n
   const int runLines = std::max(kep::llRunLines(false, config.topk, config.hidden), kep::llRunLines(true, config.topk, config.hidden));
   L.messageBytes = runLines * unifab::kernels::kLineBytes;
 
+  L.messageGenerationBytes = static_cast<size_t>(L.messageBytes) * nRanks * tokens;
   unifab::collectives::ep::Carver set(nullptr);
-  L.messages = set.reserve(static_cast<size_t>(L.messageBytes) * nRanks * tokens);
   L.partialBytes = kep::llCombineParts(config.hidden) * kep::kLlCombinePartLines * unifab::kernels::kLineBytes;
   L.partials = set.reserve(static_cast<size_t>(L.partialBytes) * nRanks * tokens);
   L.setBytes = set.used();
 
+  // Messages and bitmap words in generations by epoch, partials in the dispatch's set: what makes
+  // each reusable without a check (kernels/ep/ll_kernels.h).
   unifab::collectives::ep::Carver window(nullptr);
   L.tokenBits = window.reserve(sizeof(uint64_t) * kep::kLlWordGenerations * nRanks * L.bitWords);
-  L.released = window.reserve(sizeof(uint64_t) * kep::kLlSets * nRanks * tokens * kep::kLlReceiveTeamMax);
+  L.messages = window.reserve(L.messageGenerationBytes * kep::kLlWordGenerations);
   L.setBase = window.reserve(L.setBytes * kep::kLlSets);
   L.total = window.used();
   *layout = L;
@@ -139,7 +141,6 @@ Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
       set.weightOf = carve.take<float>(slots * v.topk);
       set.tokenRanks = carve.take<uint64_t>(v.maxTokens);
     }
-    v.sentRanks = carve.take<uint64_t>(static_cast<size_t>(v.maxTokens) * kep::kLlWordGenerations);
     v.trace = unifab::params().epTrace ? carve.take<unsigned long long>(kep::kTraceWords) : nullptr;
   }));
   defaultSms_ = config_.maxSms > 0 ? std::min(config_.maxSms, deviceSms_) : deviceSms_;

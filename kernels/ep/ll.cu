@@ -45,45 +45,36 @@ __device__ __forceinline__ int receiveWarpIndex() {
   return (kWarps - 1 - static_cast<int>(threadIdx.x / kWarp)) * gridDim.x + blockIdx.x;
 }
 
-template <bool kPause, typename Ready>
-__device__ __forceinline__ bool waitUntil(const LlView& g, Ready ready) {
-  return waitBounded<kPause>(bounds(g), kErrorTimeout, ready);
-}
-
-// A wait's outcome made the same in every lane (a lane may see the group's timeout a poll earlier),
-// so that the warp leaves a loop of shuffles together.
-__device__ __forceinline__ bool warpAll(bool ok) { return __all_sync(0xffffffff, ok) != 0; }
-
 // What a block needs of the call before any of its warps writes: the epochs of the operation's two
-// phases, the epoch of the last send into the set (the dispatch's slot check; the combine has none),
-// and whether the group has timed out. The last
-// four lanes of the block's last warp (a receiving warp, which needs the epochs before anything
-// else) each load one of the four words (loadStartWord) at the kernel's start and hand them to every
-// warp through shared memory (BlockStart): one load per block and word, not one per warp (with 1792
-// warps at 128 tokens reading one line, the blocks had their epochs 0.6 to 3 us after the start).
+// phases and whether the group has timed out. The last kStartWords lanes of the block's last warp
+// (a receiving warp, which needs the epochs before anything else) each load one of the words
+// (loadStartWord) at the kernel's start and hand them to every warp through shared memory
+// (BlockStart): one load per block and word, not one per warp (with 1792 warps at 128 tokens
+// reading one line, the blocks had their epochs 0.6 to 3 us after the start).
 struct LlEpochs {
-  uint64_t send, receive, lastUse;  // lastUse: the set's last dispatch send (0 in a combine)
+  uint64_t send, receive;
   bool timedOut;
 };
+constexpr int kStartWords = 3;
 
-// The hand-over: the four words and an mbarrier that their four threads arrive on. Each warp waits
+// The hand-over: the words and an mbarrier that their threads arrive on. Each warp waits
 // for it where it first needs the epochs (CallEpochs), not at a block barrier, which held every warp
 // until the block's slowest had issued its first loads (a warp with more than four 16-byte loads a
 // lane in flight stalls at the next; docs/benchmarks/ep-ll.md, twenty-sixth session): a part warp
 // now checks its token's ids, and a combine warp sums its rows, while the epochs are on their way.
 struct BlockStart {
-  uint64_t word[4];
-  uint64_t arrivals;  // mbarrier: the four threads' arrivals complete its phase 0
+  uint64_t word[kStartWords];
+  uint64_t arrivals;  // mbarrier: the start words' threads' arrivals complete its phase 0
 };
 
-// The threads that load the start words: the block's last four. Lanes 0-3 of warp 0, a sending warp
+// The threads that load the start words: the block's last ones. Lanes 0-3 of warp 0, a sending warp
 // at one token, published them later (+0.3 to +0.5 us on the 1-token dispatch, docs/benchmarks/ep-ll.md).
-constexpr int kFirstStartThread = kThreads - 4;
+constexpr int kFirstStartThread = kThreads - kStartWords;
 
 // The whole block, first thing: thread 0 readies the mbarrier (a block barrier where the warps arrive
 // together, at the kernel's start).
 __device__ __forceinline__ void initBlockStart(BlockStart& start) {
-  if (threadIdx.x == 0) barrierInit<4>(&start.arrivals);
+  if (threadIdx.x == 0) barrierInit<kStartWords>(&start.arrivals);
   __syncthreads();
 }
 
@@ -102,11 +93,9 @@ struct CallEpochs {
   bool known;
 };
 
-// Start word `which` (0..3): the two phases' last epochs, the set's last send (`setUse`: the
-// dispatch's words of the set; the combine has none, 0), the error word.
-__device__ __forceinline__ uint64_t loadStartWord(const LlView& g, const LlOpCounters* c, const uint64_t* setUse, int which) {
-  if (which == 3) return static_cast<uint64_t>(*reinterpret_cast<const volatile int*>(g.error));
-  if (which == 2) return setUse != nullptr ? loadRelaxed(&setUse[blockIdx.x]) : 0;
+// Start word `which` (0..kStartWords - 1): the two phases' last epochs, the error word.
+__device__ __forceinline__ uint64_t loadStartWord(const LlView& g, const LlOpCounters* c, int which) {
+  if (which == 2) return static_cast<uint64_t>(*reinterpret_cast<const volatile int*>(g.error));
   return loadRelaxed(which == 0 ? &c->send[blockIdx.x] : &c->receive[blockIdx.x]);
 }
 
@@ -235,7 +224,7 @@ __device__ __forceinline__ bool awaitStartWords(const LlView& g, CallEpochs& epo
     }
   }
   const uint64_t* word = epochs.start->word;
-  epochs.e = {word[0] + 1, word[1] + 1, word[2], (word[3] & kErrorTimeout) != 0};
+  epochs.e = {word[0] + 1, word[1] + 1, (word[2] & kErrorTimeout) != 0};
   epochs.known = true;
   stampAgain(g, kStarted, [&] { return traceNow(g); });
   return !epochs.e.timedOut;
@@ -249,90 +238,18 @@ __device__ __forceinline__ bool haveEpochs(const LlView& g, CallEpochs& epochs) 
 // them again. The last block to arrive used to record them after a fence and a returning atomic,
 // in a sending and a receiving warp of every block (0-token dispatch: 4.1 us of kernel time, an
 // empty grid 0.9; docs/benchmarks/ep-ll.md, twenty-seventh session).
-__device__ __forceinline__ void recordEpochs(const LlView& g, LlOpCounters* c, uint64_t* setUse, bool send, bool receive,
-                                             const LlEpochs& e) {
+__device__ __forceinline__ void recordEpochs(const LlView& g, LlOpCounters* c, bool send, bool receive, const LlEpochs& e) {
   if (threadIdx.x != 0) return;
   for (int w = blockIdx.x; w < g.counterBlocks; w += gridDim.x) {
-    if (send) {
-      c->send[w] = e.send;
-      if (setUse != nullptr) setUse[w] = e.send;
-    }
+    if (send) c->send[w] = e.send;
     if (receive) c->receive[w] = e.receive;
   }
 }
 
-// Release words (LlLayout::released), the dispatch's: in the sender's window (rank `sender`), for its
-// slot of token t in receiver `receiver`'s `set`, one word per warp of the receiving team
-// (kLlReceiveTeamMax); the receiver stores them across NVLink once it has read a message
-// there, so that the sender's check before writing the slot again is a load from its own memory
-// (the receiver's store is the last thing its warp does with the slot). Only a slot written in the
-// set's previous send is checked, and only a slot that held a message is released (dispatchSend);
-// the bitmap words and the combine's partials need none (kLlWordGenerations, combineSend).
-__device__ __forceinline__ uint64_t* dispatchReleased(const LlView& g, int sender, int set, int receiver, int t) {
-  return reinterpret_cast<uint64_t*>(at(g, sender, g.layout.released)) +
-         ((static_cast<size_t>(set) * g.nRanks + receiver) * g.maxTokens + t) * kLlReceiveTeamMax;
-}
-
-// A slot's release: the lowest of its kLlReceiveTeamMax words, one per warp of the team that reads
-// it (dispatchReceive). A slot's words are loaded
-// (issueReleased) apart from taking their lowest (lowestReleased), so that a warp that checks
-// several slots issues all their loads before it compares any: a comparison right after each
-// slot's loads, behind a branch on the rank, held the next slot's loads until those had come back
-// (the bitmap warps' SASS: a round trip per rank).
-struct SlotWords {
-  uint64_t word[kLlReceiveTeamMax];
-};
-static_assert(kLlReceiveTeamMax % 2 == 0, "a slot's words load in pairs");
-__device__ __forceinline__ void issueReleased(const uint64_t* words, SlotWords& slot) {
-#pragma unroll
-  for (int i = 0; i < kLlReceiveTeamMax; i += 2) loadRelaxedPair(words + i, slot.word[i], slot.word[i + 1]);
-}
-__device__ __forceinline__ uint64_t lowestReleased(const SlotWords& slot) {
-  uint64_t lowest = slot.word[0];
-#pragma unroll
-  for (int i = 1; i < kLlReceiveTeamMax; ++i) lowest = min(lowest, slot.word[i]);
-  return lowest;
-}
-__device__ __forceinline__ uint64_t loadReleased(const uint64_t* words) {
-  SlotWords slot;
-  issueReleased(words, slot);
-  return lowestReleased(slot);
-}
-
-// Until `words` say their slot's readers have finished the call `lastUse` (`seen`: the words as
-// loaded earlier, usually already enough). The wait itself is out of line: it is rare, and each
-// of its callers would otherwise carry a copy of the polling loop in the dispatch's hot code.
-__device__ __noinline__ bool waitReleased(const LlView& g, const uint64_t* words, uint64_t lastUse) {
-  return waitUntil<true>(g, [&] { return loadReleased(words) >= lastUse; });
-}
-__device__ __forceinline__ bool released(const LlView& g, const uint64_t* words, uint64_t lastUse, uint64_t seen) {
-  return seen >= lastUse || waitReleased(g, words, lastUse);
-}
-
-// What a part warp needs to know whether its token's slots are free (in this GPU's memory), loaded
-// with its inputs (every rank's before any is checked): `seen`, lane l's lowest word of slot (this
-// rank, token t) in ranks l, l + 32 (< nRanks), and `sent`, lane l's generation l % 4 of the ranks
-// token t went to (LlView::sentRanks: the generation of the set's previous send is known only with
-// the epochs). No branch on a lane's rank between the loads: a lane past the last rank loads a
-// rank's words that it then ignores.
-__device__ __forceinline__ uint64_t loadPartReleased(const LlView& g, int set, int t, int lane) {
-  static_assert(kMaxRanks <= 2 * kWarp, "a lane covers at most two ranks");
-  const bool hasFirst = lane < g.nRanks, hasSecond = lane + kWarp < g.nRanks;
-  SlotWords first, second;
-  issueReleased(dispatchReleased(g, g.rank, set, hasFirst ? lane : 0, t), first);
-  if (g.nRanks > kWarp) issueReleased(dispatchReleased(g, g.rank, set, hasSecond ? lane + kWarp : 0, t), second);
-  return min(hasFirst ? lowestReleased(first) : ~0ULL, hasSecond ? lowestReleased(second) : ~0ULL);
-}
-struct PartSlots {
-  uint64_t seen, sent;
-};
-__device__ __forceinline__ PartSlots loadPartSlots(const LlView& g, int set, int t, int lane) {
-  const uint64_t sent = g.sentRanks[static_cast<size_t>(t) * kLlWordGenerations + lane % kLlWordGenerations];
-  return {loadPartReleased(g, set, t, lane), sent};
-}
-
-__device__ __forceinline__ char* messageAt(const LlView& g, int rank, int set, int source, int token) {
-  return at(g, rank, setOffset(g, set) + g.layout.messages) +
+// The slot of rank `source`'s token `token` in rank `rank`, for a send of epoch `epoch`.
+__device__ __forceinline__ char* messageAt(const LlView& g, int rank, uint64_t epoch, int source, int token) {
+  const size_t generation = epoch % kLlWordGenerations;
+  return at(g, rank, g.layout.messages + generation * g.layout.messageGenerationBytes) +
          (static_cast<size_t>(source) * g.maxTokens + token) * g.layout.messageBytes;
 }
 
@@ -441,47 +358,31 @@ __device__ __forceinline__ int firstBitWord(int messageItems, int warp, int warp
 }
 
 // The header lines of token t's message (ll_kernels.h: lane k's piece carries top-k entry k, its
-// id and weight) stored at `headerAt` of its slot in every rank of `ranks`: each lane stores the
-// entry it holds, so that neither side moves entries between lanes. The whole warp calls this (one
-// store per line).
-__device__ void storeHeaderLines(const LlView& g, int set, int t, uint64_t ranks, size_t headerAt, int id, float weight,
-                                 uint64_t flag, int lane) {
+// id and weight) stored at `headerAt` of its slot in every rank of `ranks`, for the send of epoch
+// `epoch` (the lines' flag): each lane stores the entry it holds, so that neither side moves
+// entries between lanes. The whole warp calls this (one store per line).
+__device__ void storeHeaderLines(const LlView& g, int t, uint64_t ranks, size_t headerAt, int id, float weight,
+                                 uint64_t epoch, int lane) {
   LineRun<1> header;
   header.lo[0] = static_cast<uint64_t>(__float_as_uint(weight)) << 32 | static_cast<unsigned>(id);
-  header.hi[0] = lane % 8 == kFlagPiece ? flag : 0;
+  header.hi[0] = lane % 8 == kFlagPiece ? epoch : 0;
   for (uint64_t m = ranks; m != 0; m &= m - 1) {
     const int d = __ffsll(static_cast<long long>(m)) - 1;
-    header.storeLines(messageAt(g, d, set, g.rank, t) + headerAt, 0, llHeaderLines(g.topk), lane);
+    header.storeLines(messageAt(g, d, epoch, g.rank, t) + headerAt, 0, llHeaderLines(g.topk), lane);
   }
 }
 
-// The send phase of the warp `warp` of `warps`. `partSlots` and `part` (loadPartSlots, loadPart:
-// its first item's if that is a part) and `bitmapMask` (tokenRankMask: its first item's if that is
-// a bitmap word) were loaded with the epochs.
-// Which slots are checked before they are written: only those this rank wrote in the set's
-// previous send (epoch lastUse), whose receivers release them once read. A slot written in an
-// earlier send of the set was read before this call can run: its receiver finished that receive
-// before its send of lastUse (a set is not sent into again while its previous receive is pending:
-// that send would wait for the release until the timeout), and this rank received that send, or
-// one after it, before this send (at most kLlSets sends await their receive). A bitmap word is
-// never checked (kLlWordGenerations). Only a message's slot is released, so a receiver of an empty
-// slot stores nothing across NVLink: checking every slot and releasing every word cost the 0-token
-// dispatch 1.0 us and the 1-token one 0.6 (two GPUs, docs/benchmarks/ep-ll.md, twenty-ninth session).
+// The send phase of the warp `warp` of `warps`. `part` (loadPart: its first item's if that is a
+// part) and `bitmapMask` (tokenRankMask: its first item's if that is a bitmap word) were loaded
+// with the epochs. Nothing is checked before a slot or a bitmap word is written: both are in the
+// send's generation (kLlWordGenerations), whose last reader is done. Release words per message
+// slot, loaded by the sender with its inputs and stored across NVLink by its receivers, cost the
+// dispatch 0.5 / 1.0 / 0.6 us at 1 / 32 / 128 tokens on one GPU (docs/benchmarks/ep-ll.md,
+// thirtieth session).
 __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set, CallEpochs& epochs, int warp, int warps,
-                             PartSlots partSlots, uint64_t bitmapMask, PartInput& part, char* staging) {
+                             uint64_t bitmapMask, PartInput& part, char* staging) {
   const int lane = threadIdx.x % kWarp;
   const LlEpochs& e = epochs.e;  // valid once haveEpochs: each path waits for it before its first write
-  // Token t's message goes to the ranks in `ranks`: lane l waits for ranks l and l + 32's slot
-  // (this rank, t) if the set's previous send wrote there, `slots.seen` their lowest word.
-  auto slotFree = [&](int t, uint64_t ranks, const PartSlots& slots) {
-    const uint64_t previous =
-        e.lastUse == 0 ? 0 : __shfl_sync(0xffffffff, slots.sent, static_cast<int>(e.lastUse % kLlWordGenerations));
-    bool ok = true;
-    for (int d = lane; d < g.nRanks && ok; d += kWarp) {
-      if (((ranks & previous) >> d & 1ULL) != 0) ok = released(g, dispatchReleased(g, g.rank, set, d, t), e.lastUse, slots.seen);
-    }
-    return warpAll(ok);
-  };
   const LlSetLocal& local = g.sets[set];
 
   // Message parts: one warp per (token, part).
@@ -502,23 +403,19 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
   };
   for (int item = warp; item < messageItems; item += warps) {
     const int t = quotientOf(g.parts, item), p = item - t * parts;
-    // A later item's release words are loaded with its inputs, in one round trip, after them: the
-    // lowest of the words is taken as soon as they are in, which holds up the loads issued after it
-    // (the inputs' loads went out ~0.3 us later, 1-token trace).
     if (item != warp) loadPart(g, in, item, lane, part);
-    const PartSlots slots = item == warp ? partSlots : loadPartSlots(g, set, t, lane);
     const int first = p * kLlPartValues;
     const int partValues = min(kLlPartValues, g.hidden - first);
     const int id = validExpert(g, part.id, lane);
     const uint64_t ranks = ranksOf(g, id);
     stampOnce(g, kIdsIn, [&] { return traceNowAfter(g, static_cast<uint32_t>(ranks)); });
     if (ranks == 0) continue;
-    if (!haveEpochs(g, epochs) || !slotFree(t, ranks, slots)) return;
+    if (!haveEpochs(g, epochs)) return;
     const int dataLines = llDataLines(in.fp8);
     const size_t headerAt = static_cast<size_t>(parts) * dataLines * kLineBytes;
     // Part 0 sends the header lines first, before its values are cast, so that the receiver hands
     // out the token's rows while the values are on their way.
-    if (p == 0) storeHeaderLines(g, set, t, ranks, headerAt, id, part.weight, e.send, lane);
+    if (p == 0) storeHeaderLines(g, t, ranks, headerAt, id, part.weight, e.send, lane);
     stampOnce(g, kValuesIn, [&] { return traceNowAfter(g, part.raw[0].x + part.raw[kVectorsPerLane - 1].w); });
     uint2 quantized[kVectorsPerLane];
     float scale[kVectorsPerLane];
@@ -586,14 +483,14 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     const size_t dataAt = static_cast<size_t>(p) * dataLines * kLineBytes;
     for (uint64_t m = ranks; m != 0; m &= m - 1) {
       const int d = __ffsll(static_cast<long long>(m)) - 1;
-      run.storeLines(messageAt(g, d, set, g.rank, t) + dataAt, 0, dataLines, lane);
+      run.storeLines(messageAt(g, d, e.send, g.rank, t) + dataAt, 0, dataLines, lane);
     }
     stampAgain(g, kPublished, [&] { return traceNowIssued(g); });
   }
 
   // What each rank should expect: one tagged bitmap word per 32 tokens (all of maxTokens, so
   // that a receiver need not know how many tokens this rank has), in the send's generation; and
-  // where each token went, for the combine (tokenRanks) and for this set's next send (sentRanks).
+  // where each token went, for the combine (tokenRanks).
   const int preloadedWord = warp >= messageItems ? warp - messageItems : -1;
   for (int c = firstBitWord(messageItems, warp, warps); c < g.layout.bitWords; c += warps) {
     const int t = c * kWarp + lane;
@@ -608,7 +505,6 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
       if (lane == d % kWarp) storeRelaxed(reinterpret_cast<uint64_t*>(at(g, d, wordAt)), countWord(e.send, static_cast<int>(bits)));
     }
     stampOnce(g, kWordStored, [&] { return traceNowIssued(g); });
-    if (t < g.maxTokens) g.sentRanks[static_cast<size_t>(t) * kLlWordGenerations + generation] = mask;
   }
   clearCounts();
 }
@@ -638,19 +534,6 @@ static_assert(kWarps % kLlReceiveTeamMax == 0 && kLlReceiveTeamMax == 4, "a bloc
 __device__ __forceinline__ int receiveTeamShift(int slots, int sendWarps) {
   const int spare = static_cast<int>(gridDim.x) * kWarps - sendWarps;
   return spare >= 4 * slots ? 2 : spare >= 2 * slots ? 1 : 0;
-}
-
-// The words of a slot that member `member` of a team of `team` warps has read, stored into the
-// sender's memory: each member its own of the slot's words (dispatchReleased), member 0 also those
-// of the members the team does not have, so that the sender's lowest word is the epoch once every
-// member is done. No fence: it relies on every lane's loads of the slot having returned, which
-// holds for every value that matters because each was used (stored into the outputs, or branched
-// on) before the warp barrier, and a GPU issues a thread's instructions in order; a load whose
-// value is thrown away (a line's padding) may still be in flight, harmlessly. A sender that reads
-// the word writes the slot only after (its stores depend on the branch on it).
-__device__ __forceinline__ void releaseSlotAsMember(uint64_t* words, uint64_t epoch, int lane, int member, int team) {
-  __syncwarp();
-  if (lane < kLlReceiveTeamMax && (lane == member || (member == 0 && lane >= team))) storeRelaxed(words + lane, epoch);
 }
 
 // The receive phase: a team of warps per message slot (source rank, token; receiveTeamShift), the
@@ -744,12 +627,12 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
     const int t = quotientOf(g.ranks, n), s = n - t * g.nRanks;
     const int slot = s * g.maxTokens + t;
     const uint64_t* bitsWord = tokenBits + static_cast<size_t>(s) * g.layout.bitWords + t / kWarp;
-    const int4* lanePiece = reinterpret_cast<const int4*>(messageAt(g, g.rank, set, s, t) + laneLine * kLineBytes + lane % 8 * 16);
+    const int4* lanePiece = reinterpret_cast<const int4*>(messageAt(g, g.rank, epoch, s, t) + laneLine * kLineBytes + lane % 8 * 16);
     const SlotState state = awaitSlot(bitsWord, lanePiece + groups * kGroupPieces, t);
     if (state == kWaitFailed) return;
     int* rowOf = local.rowOf + static_cast<size_t>(slot) * g.topk;
     if (state == kNoMessage) {
-      // No message: combine skips the slot; nothing to release (dispatchSend).
+      // No message: combine skips the slot.
       if (member == 0 && lane < g.topk) rowOf[lane] = -1;
       continue;
     }
@@ -827,16 +710,14 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
       }
     }
     stampAgain(g, kRowsStored, [&] { return traceNowIssued(g); });
-    releaseSlotAsMember(dispatchReleased(g, s, set, g.rank, t), epoch, lane, member, team);  // in the sender's memory
     stampAgain(g, kReceived, [&] { return traceNow(g); });
   }
 }
 
 // One dispatch kernel runs the send phase, the receive phase or both. Each warp loads its first
-// inputs and the release words of the slots it writes first while its block's last warp loads the
-// call's epochs (BlockStart), all in one round trip; each block records the call's epochs for the
-// next call (recordEpochs), without a barrier between the phases; every receiving warp releases
-// each message slot it has read (the per-expert counts are complete when every block is done).
+// inputs while its block's last warp loads the call's epochs (BlockStart), in one round trip; each
+// block records the call's epochs for the next call (recordEpochs), without a barrier between the
+// phases (the per-expert counts are complete when every block is done).
 __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool send, bool receive,
                                                                 const __grid_constant__ LlDispatchInput in,
                                                                 const __grid_constant__ LlView g) {
@@ -854,8 +735,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
   clearStamps(g);
   // Per warp: the part stream it sends, then the scales of the rows it receives.
   __shared__ alignas(16) char partStreams[kWarps][kPartStreamBytes];
-  const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, g.counters->setUse[set], threadIdx.x - kFirstStartThread) : 0;
-  PartSlots partSlots{0, 0};
+  const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, threadIdx.x - kFirstStartThread) : 0;
   uint64_t bitmapMask = 0;
   PartInput part;
   const int messageItems = dispatchMessageItems(g, in);
@@ -863,7 +743,6 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
     if (warp < messageItems) {
       // The inputs first, as for a later item (dispatchSend).
       loadPart(g, in, warp, lane, part);
-      partSlots = loadPartSlots(g, set, quotientOf(g.parts, warp), lane);
     } else if (warp - messageItems < g.layout.bitWords) {
       bitmapMask = tokenRankMask(g, in, (warp - messageItems) * kWarp + lane);
     }
@@ -871,16 +750,16 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
   publishStartWord(blockStart, startWord);
   CallEpochs epochs{&blockStart, {}, false};
   if (send) {
-    dispatchSend(g, in, set, epochs, warp, warps, partSlots, bitmapMask, part, partStreams[threadIdx.x / kWarp]);
+    dispatchSend(g, in, set, epochs, warp, warps, bitmapMask, part, partStreams[threadIdx.x / kWarp]);
     if (warp < messageItems + g.layout.bitWords) stampAgain(g, kSent, [&] { return traceNow(g); });
   }
   if (!haveEpochs(g, epochs)) return;
-  recordEpochs(g, counters, g.counters->setUse[set], send, receive, epochs.e);
+  recordEpochs(g, counters, send, receive, epochs.e);
   if (receive) {
     dispatchReceive(g, in, set, epochs.e.receive, reinterpret_cast<float*>(partStreams[threadIdx.x / kWarp]),
                     send ? messageItems + g.layout.bitWords : 0);
   }
-  stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(partSlots.seen ^ partSlots.sent ^ bitmapMask)); });
+  stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(bitmapMask)); });
   traceWarp(g, kTraceLlDispatchStarted, kTraceLlCombineStarted - kTraceLlDispatchStarted, send ? epochs.e.send : epochs.e.receive);
 }
 
@@ -1110,7 +989,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   LlOpCounters* counters = &g.counters->combine;
   traceKernelStart(g);
   clearStamps(g);
-  const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, nullptr, threadIdx.x - kFirstStartThread) : 0;
+  const uint64_t startWord = threadIdx.x >= kFirstStartThread ? loadStartWord(g, counters, threadIdx.x - kFirstStartThread) : 0;
   uint64_t firstRanks = 0;
   int firstRow = -1;
   float firstWeight = 0.0f;
@@ -1126,7 +1005,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
     if (warp < g.nRanks * g.maxTokens * parts) stampAgain(g, kSent, [&] { return traceNow(g); });
   }
   if (!haveEpochs(g, epochs)) return;
-  recordEpochs(g, counters, nullptr, send, receive, epochs.e);
+  recordEpochs(g, counters, send, receive, epochs.e);
   if (receive) combineReceive(g, in, set, epochs.e.receive, receiveWarp, warps, firstRanks);
   stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(firstRanks)); });
   traceWarp(g, kTraceLlCombineStarted, kTracePoints - kTraceLlCombineStarted, send ? epochs.e.send : epochs.e.receive);

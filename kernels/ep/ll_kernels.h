@@ -18,15 +18,14 @@
 // receiver sums each part as soon as its lines land. The token's rank sums the partials in rank
 // order.
 //
-// Two buffer sets alternate between dispatches (the host picks the set); epochs count the calls
-// of each phase on the device, so a captured graph replays with fresh tags and flags. Before
-// writing into a slot of a peer's set, a sender waits until that receiver has finished reading the
-// slot's previous contents: each receiving warp says so per slot as soon as it has read the slot
-// (a dispatch slot is read by a team of up to kLlReceiveTeamMax warps, each with a word of its own),
-// so that no kernel ends on a grid-wide count (the receive phase's epoch is counted at the
-// kernel's start). A dispatch slot's word lives in the sender's memory (its check, on every
-// token's path, is local; the receiver's store across NVLink is off its path), a combine part's in
-// the receiver's.
+// Two buffer sets alternate between dispatches (the host picks the set) for what the caller reads
+// (the expert-major rows, the counts) and the combine's partials; epochs count the calls of each
+// phase on the device, so a captured graph replays with fresh tags and flags. The peers' memory
+// that a send writes is reused without any check, because each writer can prove that the last
+// reader is done: the dispatch's messages and bitmap words come in kLlWordGenerations generations
+// by epoch, and a combine partial's slot was last read before the receiver's dispatch send that
+// this call's dispatch receive waited for (docs/design.md, "Reuse of a set"). So no warp loads
+// or stores a word across NVLink only to say a slot is free.
 // The set's outputs on this GPU (recvCount among them) are the caller's until the next dispatch
 // into the set, which reuses them in stream order.
 #pragma once
@@ -40,11 +39,11 @@ namespace unifab::kernels::ep {
 
 constexpr int kLlPartValues = 7 * kScaleBlock;  // values per message part (one warp): whole lines in either dtype
 constexpr int kLlSets = 2;
-// Generations of the dispatch's bitmap words and of the record of where each token went: a send
-// of epoch e writes generation e % kLlWordGenerations. Four, because a send of epoch e runs after
-// this rank's receive of e - 2 (at most kLlSets sends await their receive), which saw every rank's
-// send of e - 2, which ran after that rank's receive of e - 4: the last reader of generation e % 4
-// is done, so a bitmap word needs no release word (ll.cu, dispatchSend).
+// Generations of the dispatch's messages and bitmap words in every receiver: a send of epoch e
+// writes generation e % kLlWordGenerations. Four, because a send of epoch e runs after this rank's
+// receive of e - 2 (at most kLlSets sends await their receive), which saw every rank's send of
+// e - 2, which ran after that rank's receive of e - 4: the last reader of generation e % 4 is
+// done, so nothing a send writes needs a release word (ll.cu, dispatchSend).
 constexpr int kLlWordGenerations = 4;
 constexpr int kLlWarpsPerBlock = 16;  // a phase of a few hundred parts spreads over many SMs
 constexpr int kLlReceiveTeamMax = 4;  // warps that read one dispatch message together (ll.cu: receiveTeamShift)
@@ -82,18 +81,16 @@ UNIFAB_HOST_DEVICE constexpr int llCombinePartValues(int hidden, int p) {
 // Byte offsets into the window (identical on every rank). Set b's arrays start at
 // setBase + b * setBytes; `messages` and `partials` are relative to that.
 struct LlLayout {
-  size_t released;      // uint64 words: the epoch of the last dispatch whose message in a slot its
-                        //   reader has finished reading: [kLlSets][nRanks (receiver)][maxTokens]
-                        //   [kLlReceiveTeamMax] for this rank's slots in each receiver, a word per
-                        //   warp of the receiving team, stored there by the receivers (a combine
-                        //   partial's slot needs none: combineSend in ll.cu)
   size_t tokenBits;     // uint64 [kLlWordGenerations][nRanks][bitWords]: tagged bitmaps of the tokens
                         //   rank s sends us, generation e % kLlWordGenerations for the send of epoch e
+  size_t messages;      // [kLlWordGenerations][nRanks][maxTokens][messageBytes]: slot of (source rank,
+                        //   token) for the send of epoch e in generation e % kLlWordGenerations, a run
+                        //   of llRunLines flagged lines
+  size_t messageGenerationBytes;  // nRanks * maxTokens * messageBytes
   size_t setBase;
   size_t setBytes;
-  size_t messages;      // [nRanks][maxTokens][messageBytes]: slot of (source rank, token), a run of
-                        //   llRunLines flagged lines
-  size_t partials;      // [nRanks][maxTokens][partialBytes]: lines of rank d's combine partial for our token t
+  size_t partials;      // relative to set b's start (setBase + b * setBytes): [nRanks][maxTokens]
+                        //   [partialBytes], the lines of rank d's combine partial for our token t
   size_t total;
   int bitWords;         // ceil(maxTokens / 32)
   int messageBytes;     // sized for the larger of the two dtypes' runs
@@ -125,8 +122,6 @@ struct LlOpCounters {
 
 struct LlCounters {
   LlOpCounters dispatch, combine;
-  uint64_t setUse[kLlSets][kMaxBlocks];  // the epoch of the last dispatch send into each set, per block as
-                                         //   above (the dispatch's slot check; the combine needs none)
   uint64_t countsCleared[kLlSets];  // epoch of the dispatch whose send phase cleared the set's recvCount
   uint64_t traceStart;   // global timer when block 0 started the running kernel (tracing only)
 };
@@ -148,10 +143,6 @@ struct LlView {
   int* hostError;
   uint64_t timeoutNs;
   LlSetLocal sets[kLlSets];
-  uint64_t* sentRanks;  // [maxTokens][kLlWordGenerations]: the ranks this rank's token t went to in its
-                        //   send of epoch e, at generation e % kLlWordGenerations (this GPU only):
-                        //   apart from LlSetLocal::tokenRanks (the combine's), which a send's bitmap
-                        //   warps overwrite while its part warps still check the previous send's
   char* peerBase[kMaxRanks];
 };
 

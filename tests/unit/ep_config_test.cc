@@ -84,12 +84,13 @@ TEST(EpConfig, EachBadFieldIsNamed) {
   EXPECT_EQ(unifabEpBufferSize(nullptr, 2, &bytes), unifabInvalidArgument);
 }
 
-// Low latency: two buffer sets, each with a message slot per (source rank, token) and a BF16
-// combine partial per (rank, token), both as flagged lines (112 payload bytes in each 128-byte
-// line): a BF16 message of 7168 values is 8 parts of 16 value lines and one header line (64 bytes
-// for top-8), a partial 8 parts of 16 lines;
-// the per-expert receive regions live in ordinary device memory, not in the window.
-TEST(EpConfig, LowLatencyBufferSizeCoversTwoSetsOfMessagesAndPartials) {
+// Low latency: a message slot per (source rank, token) in each of four generations (a send of
+// epoch e writes generation e % 4, so that no slot needs a release word) and a BF16 combine
+// partial per (rank, token) in each of two buffer sets, both as flagged lines (112 payload bytes in
+// each 128-byte line): a BF16 message of 7168 values is 8 parts of 16 value lines and one header
+// line (64 bytes for top-8), a partial 8 parts of 16 lines; the per-expert receive regions live in
+// ordinary device memory, not in the window.
+TEST(EpConfig, LowLatencyBufferSizeCoversMessageGenerationsAndPartialSets) {
   unifabEpConfig_t config = standard();
   config.mode = unifabEpLowLatency;
   config.maxTokensPerRank = 128;
@@ -98,8 +99,9 @@ TEST(EpConfig, LowLatencyBufferSizeCoversTwoSetsOfMessagesAndPartials) {
   const size_t slots = size_t{2} * 128;
   const size_t message = (8 * 16 + 1) * 128;
   const size_t partial = 8 * 16 * 128;
-  EXPECT_GE(bytes, 2 * slots * (message + partial));
-  EXPECT_LT(bytes, 2 * slots * (message + partial) + (size_t{1} << 20)) << "release words and bitmaps stay small";
+  const size_t lines = 4 * slots * message + 2 * slots * partial;
+  EXPECT_GE(bytes, lines);
+  EXPECT_LT(bytes, lines + (size_t{1} << 20)) << "bitmaps and registration padding stay small";
   config.maxTokensPerRank = 1025;
   EXPECT_EQ(unifabEpBufferSize(&config, 2, &bytes), unifabInvalidArgument);
   EXPECT_NE(std::string(unifabGetLastError()).find("config->maxTokensPerRank"), std::string::npos)
