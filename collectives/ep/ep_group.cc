@@ -92,6 +92,36 @@ const char* errorName(int code) {
   return "unknown device error";
 }
 
+// What each trace point records (kernels/ep/ep_types.h: TracePoint), as the log names it.
+const char* const kTraceNames[] = {
+    "dispatch: epoch read", "dispatch: top-k entries loaded", "dispatch: masks known (thread 0)", "dispatch: token lists written",
+    "dispatch: layout, words sent", "dispatch: peers' start words in", "dispatch: own count words in",
+    "dispatch: count words in", "dispatch: receive counts", "dispatch: remote rows written",
+    "dispatch: local rows written", "dispatch: peers' rows in", "combine: start handshake", "combine: partials sent",
+    "combine: last tokens helped", "combine: tokens reduced", "combine: last block done",
+    "LL dispatch: epochs read", "LL dispatch: first part quantized", "LL dispatch: warp's lines stored",
+    "LL dispatch: warp's last item done", "LL dispatch: first message's lines in",
+    "LL dispatch: warp's messages copied", "LL dispatch: warp's exit", "LL dispatch: first message's header seen",
+    "LL dispatch: first part's ids in", "LL dispatch: first part's values in", "LL dispatch: bitmap mask known",
+    "LL dispatch: bitmap word stored", "LL dispatch: first message's rows known",
+    "LL dispatch: warp's rows stored", "LL combine: epochs read",
+    "LL combine: first rows summed", "LL combine: warp's first lines stored", "LL combine: warp's last lines stored",
+    "LL combine: first partials' lines in", "LL combine: warp's tokens summed", "LL combine: warp's exit"};
+static_assert(sizeof(kTraceNames) / sizeof(kTraceNames[0]) == kep::kTracePoints, "a name for every trace point");
+
+double medianUs(std::vector<unsigned long long>& ns) {
+  std::sort(ns.begin(), ns.end());
+  return ns.empty() ? 0.0 : static_cast<double>(ns[ns.size() / 2]) / 1e3;
+}
+
+void logTracePoint(int rank, int point, double meanUs, unsigned long long count, std::vector<unsigned long long>& latest,
+                   std::vector<unsigned long long>& earliest) {
+  const double last = medianUs(latest), first = medianUs(earliest);
+  UF_INFO(kExt, kLogInit,
+          "EP trace rank %d: %-30s %9.1f us after the call's start (mean of %llu), latest block %9.1f us, earliest "
+          "%9.1f us (medians of %zu calls)", rank, kTraceNames[point], meanUs, count, last, first, latest.size());
+}
+
 }  // namespace
 
 RoutingBuffers::~RoutingBuffers() {
@@ -434,7 +464,7 @@ unifabEpGroup::~unifabEpGroup() {
     UF_CUDA_WARN(cudaDeviceSynchronize());  // outstanding kernels of the group still use its memory
   }
   if (view_.trace != nullptr) logTrace(view_.trace, view_.rank);
-  if (llView_.trace != nullptr) logTrace(llView_.trace, llView_.rank);
+  if (llView_.trace != nullptr) logLowLatencyTrace();
   if (deviceMemory_ != nullptr) UF_CUDA_WARN(cudaFree(deviceMemory_));
   if (hostError_ != nullptr) UF_CUDA_WARN(cudaFreeHost(hostError_));
   if (hostCounts_ != nullptr) UF_CUDA_WARN(cudaFreeHost(hostCounts_));
@@ -447,21 +477,6 @@ void unifabEpGroup::logTrace(const unsigned long long* deviceTrace, int rank) co
     UF_WARN(kExt, "EP trace: could not read the trace buffer: %s", cudaGetErrorString(cudaGetLastError()));
     return;
   }
-  static const char* const names[] = {
-      "dispatch: epoch read", "dispatch: top-k entries loaded", "dispatch: masks known (thread 0)", "dispatch: token lists written",
-      "dispatch: layout, words sent", "dispatch: peers' start words in", "dispatch: own count words in",
-      "dispatch: count words in", "dispatch: receive counts", "dispatch: remote rows written",
-      "dispatch: local rows written", "dispatch: peers' rows in", "combine: start handshake", "combine: partials sent",
-      "combine: last tokens helped", "combine: tokens reduced", "combine: last block done",
-      "LL dispatch: epochs read", "LL dispatch: first part quantized", "LL dispatch: warp's lines stored",
-      "LL dispatch: warp's last item done", "LL dispatch: first message's lines in",
-      "LL dispatch: warp's messages copied", "LL dispatch: warp's exit", "LL dispatch: first message's header seen",
-      "LL dispatch: first part's ids in", "LL dispatch: first part's values in", "LL dispatch: bitmap mask known",
-      "LL dispatch: bitmap word stored", "LL dispatch: first message's rows known",
-      "LL dispatch: warp's rows stored", "LL combine: epochs read",
-      "LL combine: first rows summed", "LL combine: warp's first lines stored", "LL combine: warp's last lines stored",
-      "LL combine: first partials' lines in", "LL combine: warp's tokens summed", "LL combine: warp's exit"};
-  static_assert(sizeof(names) / sizeof(names[0]) == kep::kTracePoints, "a name for every trace point");
   for (int p = 0; p < kep::kTracePoints; ++p) {
     const unsigned long long count = trace[kep::kTracePoints + p];
     if (count == 0) continue;
@@ -473,15 +488,52 @@ void unifabEpGroup::logTrace(const unsigned long long* deviceTrace, int rank) co
       const unsigned long long first = trace[static_cast<size_t>(kep::kTraceCalls) * kep::kTracePoints + slot];
       if (first != 0) earliest.push_back(~first);
     }
-    auto medianUs = [](std::vector<unsigned long long>& values) {
-      std::sort(values.begin(), values.end());
-      return values.empty() ? 0.0 : static_cast<double>(values[values.size() / 2]) / 1e3;
-    };
-    const double last = medianUs(latest), first = medianUs(earliest);
-    UF_INFO(kExt, kLogInit,
-            "EP trace rank %d: %-30s %9.1f us after the call's start (mean of %llu), latest block %9.1f us, earliest "
-            "%9.1f us (medians of %zu calls)", rank, names[p], static_cast<double>(trace[p]) / count / 1e3, count,
-            last, first, latest.size());
+    unifab::collectives::ep::logTracePoint(rank, p, static_cast<double>(trace[p]) / count / 1e3, count, latest, earliest);
+  }
+}
+
+// The warps' records (kernels/ep/ll_kernels.h: llTraceRecord) summed up as logTrace does the
+// high-throughput kernels' counters: per point, the mean over every record that reached it, and
+// the medians over calls of each call's latest and earliest.
+void unifabEpGroup::logLowLatencyTrace() const {
+  const int blocks = llView_.counterBlocks;
+  std::vector<uint32_t> records(kep::llTraceWords(blocks));
+  if (cudaMemcpy(records.data(), llView_.trace, records.size() * sizeof(records[0]), cudaMemcpyDeviceToHost) !=
+      cudaSuccess) {
+    UF_WARN(kExt, "EP trace: could not read the low-latency trace records: %s", cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
+  const int warps = blocks * kep::kLlWarpsPerBlock;
+  const int firstPoint[2] = {kep::kTraceLlDispatchStarted, kep::kTraceLlCombineStarted};
+  const int points[2] = {kep::kTraceLlCombineStarted - kep::kTraceLlDispatchStarted,
+                         kep::kTracePoints - kep::kTraceLlCombineStarted};
+  for (int op = 0; op < 2; ++op) {
+    for (int i = 0; i < points[op]; ++i) {
+      unsigned long long sum = 0, count = 0;
+      std::vector<unsigned long long> latest, earliest;
+      for (int c = 0; c < kep::kLlTraceCalls; ++c) {
+        const uint32_t* slot = records.data() + kep::llTraceRecord(op, static_cast<uint64_t>(c), 0, blocks);
+        uint32_t newest = 0;  // the slot's latest call: epochs only grow (a wrapped 32-bit epoch is left out)
+        for (int w = 0; w < warps; ++w) newest = std::max(newest, slot[static_cast<size_t>(w) * kep::kLlTraceRecordWords]);
+        if (newest == 0) continue;
+        unsigned long long last = 0, first = ~0ULL;
+        for (int w = 0; w < warps; ++w) {
+          const uint32_t* record = slot + static_cast<size_t>(w) * kep::kLlTraceRecordWords;
+          if (record[0] != newest || record[1 + i] == 0) continue;
+          sum += record[1 + i];
+          ++count;
+          last = std::max<unsigned long long>(last, record[1 + i]);
+          first = std::min<unsigned long long>(first, record[1 + i]);
+        }
+        if (last != 0) {
+          latest.push_back(last);
+          earliest.push_back(first);
+        }
+      }
+      if (count == 0) continue;
+      unifab::collectives::ep::logTracePoint(llView_.rank, firstPoint[op] + i, static_cast<double>(sum) / count / 1e3,
+                                             count, latest, earliest);
+    }
   }
 }
 

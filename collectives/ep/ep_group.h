@@ -125,6 +125,7 @@ struct unifabEpGroup {
   unifab::Result validateLowLatencyDispatch(const unifabEpLowLatencyDispatchArgs_t& a, cudaStream_t stream,
                                             unifabEpHandle* receiving) const;
   void logTrace(const unsigned long long* deviceTrace, int rank) const;  // UNIFAB_EP_TRACE: phase ends over the group's calls
+  void logLowLatencyTrace() const;  // the same from the low-latency kernels' per-warp records
 
   std::shared_ptr<unifab::collectives::DeviceComm> comm_;
   std::unique_ptr<unifab::collectives::SymmetricWindow> window_;

@@ -141,7 +141,7 @@ Result unifabEpGroup::initLowLatency(const kep::LlLayout& layout) {
       set.weightOf = carve.take<float>(slots * v.topk);
       set.tokenRanks = carve.take<uint64_t>(v.maxTokens);
     }
-    v.trace = unifab::params().epTrace ? carve.take<unsigned long long>(kep::kTraceWords) : nullptr;
+    v.trace = unifab::params().epTrace ? carve.take<uint32_t>(kep::llTraceWords(v.counterBlocks)) : nullptr;
   }));
   defaultSms_ = config_.maxSms > 0 ? std::min(config_.maxSms, deviceSms_) : deviceSms_;
   return unifabSuccess;

@@ -7,7 +7,6 @@
 #include "kernels/common/device_sync.cuh"
 #include "kernels/common/flagged_lines.cuh"
 #include "kernels/common/grid_dependency.cuh"
-#include "kernels/ep/ep_trace.cuh"
 #include "kernels/ep/fp8_scale.cuh"
 #include "kernels/ep/ll_kernels.h"
 
@@ -125,7 +124,8 @@ __device__ __forceinline__ void touchParameterLines(const LlView& g, int inputFi
 }
 
 // Tracing (UNIFAB_EP_TRACE): each warp keeps the global timer at each of its points (0: not
-// reached) and lane 0 records them all after its work; block 0 stamps the kernel's start.
+// reached) and writes them as its record after its work (traceWarp); block 0 stamps the kernel's
+// start.
 // `published`: the dispatch's last part's lines stored, the combine's first part's lines stored;
 // `arrived`: the dispatch's first message's lines all in, the combine's first partials' lines in;
 // `exited`: the warp's last instruction, after the loads it issued at the start have come back (a
@@ -195,17 +195,23 @@ __device__ __forceinline__ void traceKernelStart(const LlView& g) {
   }
 }
 
-// `first` is the operation's kTraceLl*Started; the warp's first `points` stamps follow it.
-__device__ __forceinline__ void traceWarp(const LlView& g, TracePoint first, int points, uint64_t epoch) {
-  if (g.trace == nullptr || threadIdx.x % kWarp != 0) return;
+// The warp's record (ll_kernels.h: llTraceRecord) of the operation `op`'s call `epoch`: its first
+// `points` stamps, relative to block 0's start. The whole warp, at its end.
+__device__ __forceinline__ void traceWarp(const LlView& g, int op, int points, uint64_t epoch) {
+  if (g.trace == nullptr) return;
+  const int lane = threadIdx.x % kWarp;
+  static_assert(kLlStamps + 1 <= kLlTraceRecordWords, "a record holds the epoch and every stamp");
+  __syncwarp();  // every lane's stamps stored
   const uint32_t start = static_cast<uint32_t>(*reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart));
-  const uint32_t* at = warpStamps();
-  for (int i = 0; i < points; ++i) {
+  const int warp = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x / kWarp);
+  uint32_t* record = g.trace + llTraceRecord(op, epoch, warp, g.counterBlocks);
+  if (lane == 0) {
+    record[0] = static_cast<uint32_t>(epoch);
+  } else if (lane <= kLlStamps) {
     // A warp that gets here before block 0 stamped this call's start reads the previous call's
     // start (an inflated time; tracing is a diagnostic), or a wrapped difference, left out.
-    if (at[i] != 0 && at[i] - start < (1u << 31)) {
-      traceRecord(g.trace, static_cast<TracePoint>(first + i), epoch, at[i] - start);
-    }
+    const uint32_t at = lane <= points ? warpStamps()[lane - 1] : 0;
+    record[lane] = at != 0 && at - start < (1u << 31) ? max(at - start, 1u) : 0;
   }
 }
 
@@ -760,7 +766,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
                     send ? messageItems + g.layout.bitWords : 0);
   }
   stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(bitmapMask)); });
-  traceWarp(g, kTraceLlDispatchStarted, kTraceLlCombineStarted - kTraceLlDispatchStarted, send ? epochs.e.send : epochs.e.receive);
+  traceWarp(g, 0, kLlStamps, send ? epochs.e.send : epochs.e.receive);
 }
 
 // ---- combine ----------------------------------------------------------------------------------
@@ -1008,7 +1014,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   recordEpochs(g, counters, send, receive, epochs.e);
   if (receive) combineReceive(g, in, set, epochs.e.receive, receiveWarp, warps, firstRanks);
   stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(firstRanks)); });
-  traceWarp(g, kTraceLlCombineStarted, kTracePoints - kTraceLlCombineStarted, send ? epochs.e.send : epochs.e.receive);
+  traceWarp(g, 1, kExited + 1, send ? epochs.e.send : epochs.e.receive);
 }
 
 // Both kernels start with the parameter reads alone, then wait for the stream's previous kernel

@@ -132,7 +132,7 @@ struct LlCounters {
 struct LlView {
   LlCounters* counters;
   int* error;
-  unsigned long long* trace;  // [kTraceWords] or null: UNIFAB_EP_TRACE (the kTraceLl* points)
+  uint32_t* trace;      // llTraceWords(counterBlocks) words or null: UNIFAB_EP_TRACE (LlTraceRecord)
   int rank, nRanks, numExperts, numLocalExperts, hidden, topk, maxTokens;
   int expertStride;     // nRanks * maxTokens rows per local expert
   int counterBlocks;    // LlOpCounters words each call advances: no grid of the group has more blocks
@@ -145,6 +145,20 @@ struct LlView {
   LlSetLocal sets[kLlSets];
   char* peerBase[kMaxRanks];
 };
+
+// UNIFAB_EP_TRACE: each warp of a call writes one record of kLlTraceRecordWords words with plain
+// stores (no atomics: 2,000 warps recording into a few shared counters slowed the traced call by
+// microseconds), at [operation (0 dispatch, 1 combine)][epoch % kLlTraceCalls][block * kLlWarpsPerBlock
+// + warp]: word 0 the call's epoch (low 32 bits; a record whose epoch is not its slot's newest is
+// an older call's), word 1 + i its i-th stamp in nanoseconds after block 0's start, 0 if the warp
+// did not reach it (the host sums them up: unifabEpGroup::logLowLatencyTrace).
+constexpr int kLlTraceCalls = 64;
+constexpr int kLlTraceRecordWords = 16;
+UNIFAB_HOST_DEVICE inline size_t llTraceRecord(int op, uint64_t epoch, int warp, int maxBlocks) {
+  return ((static_cast<size_t>(op) * kLlTraceCalls + epoch % kLlTraceCalls) * maxBlocks * kLlWarpsPerBlock + warp) *
+         kLlTraceRecordWords;
+}
+UNIFAB_HOST_DEVICE inline size_t llTraceWords(int maxBlocks) { return llTraceRecord(2, 0, 0, maxBlocks); }
 
 struct LlDispatchInput {
   int numTokens;
