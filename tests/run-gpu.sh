@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build unifab on the GPU machine, run the ctest "gpu" label and the benchmarks in one call (the
 # device time budget favours few, full calls). Results: $OUT/summary.txt (what the closing notes
-# and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV).
+# and docs/benchmarks quote) and $OUT/logs.tar.gz (every log and CSV); with UNIFAB_GPU_TAG=T,
+# $OUT/summary-T.txt and $OUT/logs-T.tar.gz, so that several invocations in one device call keep
+# their own.
 #   tests/run-gpu.sh [tests] [bench] [ep] [ll] [pp] [copyroutes] [memrates] [engram] [nccltests] [ntcompare] [tunesweep] [epsweep] [trace] [lltrace] [llncu] [sanitize] [sweep] [ab]
 #   default: tests bench ep ll pp engram
 # UNIFAB_GPU_TESTS=REGEX limits the tests step to the gpu tests whose names match;
@@ -41,9 +43,10 @@ out="${OUT:-$here/gpu-results}"
 logs="$(mktemp -d "${TMPDIR:-/tmp}/unifab-gpu.XXXXXX")/logs"
 build="${UNIFAB_GPU_BUILD_DIR:-$here/build-gpu}"
 mkdir -p "$logs" "$out"
-pack() { tar -czf "$out/logs.tar.gz.part" -C "$(dirname "$logs")" logs && mv "$out/logs.tar.gz.part" "$out/logs.tar.gz"; }
+tag="${UNIFAB_GPU_TAG:+-$UNIFAB_GPU_TAG}"
+pack() { tar -czf "$out/logs$tag.tar.gz.part" -C "$(dirname "$logs")" logs && mv "$out/logs$tag.tar.gz.part" "$out/logs$tag.tar.gz"; }
 steps="${*:-tests bench ep ll pp engram}"
-summary="$out/summary.txt"
+summary="$out/summary$tag.txt"
 : >"$summary"
 say() { echo "$@" | tee -a "$summary"; }
 
