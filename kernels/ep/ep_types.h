@@ -152,8 +152,8 @@ enum TracePoint : int {
   kTraceCombineHelped,        // each remote block: its share of the last tokens reduced
   kTraceCombineReduced,       // each reducing block: its tokens reduced
   kTraceCombineEnd,           // last block to finish
-  // Low-latency kernels (each warp records its own times, after its work, so that recording adds
-  // no round trip to the phases it measures):
+  // Low-latency kernels (each warp writes its own record after its work, so that recording adds
+  // no round trip to the phases it measures: kernels/ep/ll_kernels.h, llTraceRecord):
   kTraceLlDispatchStarted,    // each warp: the call's epochs in, where it first needed them (its first inputs were issued before)
   kTraceLlDispatchLoaded,     // each sending warp: its first part's inputs arrived (quantized)
   kTraceLlDispatchLinesStored,  // each sending warp: its last part's lines stored
@@ -167,7 +167,7 @@ enum TracePoint : int {
   kTraceLlDispatchMaskIn,     // each bitmap warp: its first word's token ranks known
   kTraceLlDispatchWordStored, // each bitmap warp: its first word stored to every rank
   kTraceLlDispatchRowsKnown,  // each receiving warp: its first message's rows known (after its first values poll)
-  kTraceLlDispatchRowsStored, // each receiving warp: its last message's rows stored (issued), before its release
+  kTraceLlDispatchRowsStored, // each receiving warp: its last message's rows stored (issued)
   kTraceLlCombineStarted,
   kTraceLlCombineLoaded,      // each sending warp: its first item's expert rows summed
   kTraceLlCombineStored,      // each sending warp: its first part's lines stored
