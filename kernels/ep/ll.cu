@@ -139,8 +139,10 @@ enum LlStamp {
   kAwaited, kIdsIn, kValuesIn, kMaskIn, kWordStored, kRowsKnown, kRowsStored,    // the dispatch's further points
   kLlStamps
 };
+constexpr LlStamp kRowsKnownCombine = kAwaited;  // the combine's eighth stamp: its first item's rows in
 static_assert(kTraceLlCombineStarted - kTraceLlDispatchStarted == kLlStamps, "a trace point for each dispatch stamp");
-static_assert(kTracePoints - kTraceLlCombineStarted == kExited + 1, "a trace point for each of the combine's stamps");
+constexpr int kCombineStamps = kRowsKnownCombine + 1;
+static_assert(kTracePoints - kTraceLlCombineStarted == kCombineStamps, "a trace point for each of the combine's stamps");
 __device__ __forceinline__ uint32_t* warpStamps() {
   __shared__ uint32_t stamps[kWarps][kLlStamps];
   return stamps[threadIdx.x / kWarp];
@@ -883,6 +885,7 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     if (item != warp) loadRowOf(g, in, set, slot, lane, row, weight);
     const unsigned rows = __ballot_sync(0xffffffff, row >= 0);
     if (rows == 0) continue;
+    stampOnce(g, kRowsKnownCombine, [&] { return traceNowAfter(g, rows); });
     const int firstVector = p * kLlCombinePartValues / 8;
     PartSum sum(min(kLlCombinePartValues, g.hidden - p * kLlCombinePartValues) / 8, lane);
     // Top-k slot order: the sum's order is fixed. kCombineRowsInFlight rows' loads at a time; each
@@ -1014,7 +1017,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   recordEpochs(g, counters, send, receive, epochs.e);
   if (receive) combineReceive(g, in, set, epochs.e.receive, receiveWarp, warps, firstRanks);
   stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(firstRanks)); });
-  traceWarp(g, 1, kExited + 1, send ? epochs.e.send : epochs.e.receive);
+  traceWarp(g, 1, kCombineStamps, send ? epochs.e.send : epochs.e.receive);
 }
 
 // Both kernels start with the parameter reads alone, then wait for the stream's previous kernel
