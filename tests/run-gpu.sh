@@ -512,7 +512,8 @@ for step in $steps; do
     # `git diff BASE > ab.patch` in the repository root; it is ignored by git, so name it in the
     # device call's carry list).
     # Several baselines at once: UNIFAB_AB_PATCH="NAME=FILE NAME=FILE ..." (a bare FILE is named
-    # base); each is the working tree with its patch reversed, and all run interleaved.
+    # base; ab-NAME.patch files are ignored by git too); each is the working tree with its patch
+    # reversed, and all run interleaved.
     # The baselines build side by side (each a whole tree from scratch: in turn they would take
     # most of a device call). UNIFAB_AB_TEST=CTEST_NAME also builds and runs that gpu test on each
     # baseline before any timing, so that a variant which breaks the data is not timed as faster.
