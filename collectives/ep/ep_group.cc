@@ -13,6 +13,7 @@
 #include "collectives/common/device_guard.h"
 #include "collectives/common/struct_size.h"
 #include "collectives/ep/ep_common.h"
+#include "collectives/ep/ll_trace.h"
 #include "plugin/params.h"
 #include "tuner/ep_policy.h"
 #include "tuner/topology.h"
@@ -493,48 +494,17 @@ void unifabEpGroup::logTrace(const unsigned long long* deviceTrace, int rank) co
   }
 }
 
-// The warps' records (kernels/ep/ll_kernels.h: llTraceRecord) summed up as logTrace does the
-// high-throughput kernels' counters: per point, the mean over every record that reached it, and
-// the medians over calls of each call's latest and earliest.
+// The warps' records (kernels/ep/ll_kernels.h: llTraceRecord) summed up (ll_trace.h) and logged
+// as logTrace logs the high-throughput kernels' counters.
 void unifabEpGroup::logLowLatencyTrace() const {
-  const int blocks = llView_.counterBlocks;
-  std::vector<uint32_t> records(kep::llTraceWords(blocks));
+  std::vector<uint32_t> records(kep::llTraceWords(llView_.counterBlocks));
   if (cudaMemcpy(records.data(), llView_.trace, records.size() * sizeof(records[0]), cudaMemcpyDeviceToHost) !=
       cudaSuccess) {
     UF_WARN(kExt, "EP trace: could not read the low-latency trace records: %s", cudaGetErrorString(cudaGetLastError()));
     return;
   }
-  const int warps = blocks * kep::kLlWarpsPerBlock;
-  const int firstPoint[2] = {kep::kTraceLlDispatchStarted, kep::kTraceLlCombineStarted};
-  const int points[2] = {kep::kTraceLlCombineStarted - kep::kTraceLlDispatchStarted,
-                         kep::kTracePoints - kep::kTraceLlCombineStarted};
-  for (int op = 0; op < 2; ++op) {
-    for (int i = 0; i < points[op]; ++i) {
-      unsigned long long sum = 0, count = 0;
-      std::vector<unsigned long long> latest, earliest;
-      for (int c = 0; c < kep::kLlTraceCalls; ++c) {
-        const uint32_t* slot = records.data() + kep::llTraceRecord(op, static_cast<uint64_t>(c), 0, blocks);
-        uint32_t newest = 0;  // the slot's latest call: epochs only grow (a wrapped 32-bit epoch is left out)
-        for (int w = 0; w < warps; ++w) newest = std::max(newest, slot[static_cast<size_t>(w) * kep::kLlTraceRecordWords]);
-        if (newest == 0) continue;
-        unsigned long long last = 0, first = ~0ULL;
-        for (int w = 0; w < warps; ++w) {
-          const uint32_t* record = slot + static_cast<size_t>(w) * kep::kLlTraceRecordWords;
-          if (record[0] != newest || record[1 + i] == 0) continue;
-          sum += record[1 + i];
-          ++count;
-          last = std::max<unsigned long long>(last, record[1 + i]);
-          first = std::min<unsigned long long>(first, record[1 + i]);
-        }
-        if (last != 0) {
-          latest.push_back(last);
-          earliest.push_back(first);
-        }
-      }
-      if (count == 0) continue;
-      unifab::collectives::ep::logTracePoint(llView_.rank, firstPoint[op] + i, static_cast<double>(sum) / count / 1e3,
-                                             count, latest, earliest);
-    }
+  for (auto& p : unifab::collectives::ep::summarizeLlTrace(records, llView_.counterBlocks)) {
+    unifab::collectives::ep::logTracePoint(llView_.rank, p.point, p.meanNs / 1e3, p.count, p.latestNs, p.earliestNs);
   }
 }
 
