@@ -19,8 +19,9 @@ std::vector<LlTracePointSummary> summarizeLlTrace(const std::vector<uint32_t>& r
     for (int i = 0; i < stamps[op]; ++i) {
       LlTracePointSummary summary{firstPoint[op] + i, 0, 0.0, {}, {}};
       unsigned long long sum = 0;
-      for (int c = 0; c < kep::kLlTraceCalls; ++c) {
-        const uint32_t* slot = records.data() + kep::llTraceRecord(op, static_cast<uint64_t>(c), 0, maxBlocks);
+      for (int c = 0; c < 2 * kep::kLlTraceCalls; ++c) {
+        const int kind = kep::llTraceKind(op, c >= kep::kLlTraceCalls);
+        const uint32_t* slot = records.data() + kep::llTraceRecord(kind, static_cast<uint64_t>(c % kep::kLlTraceCalls), 0, maxBlocks);
         // Epochs only grow, so the slot's call is its newest (a wrapped 32-bit epoch, after four
         // billion calls, is left out until the slot is rewritten).
         uint32_t newest = 0;

@@ -15,8 +15,8 @@ struct LlTracePointSummary {
   std::vector<unsigned long long> earliestNs; // per call: the earliest record's time
 };
 
-// `records`: the group's whole record buffer (llTraceWords(maxBlocks) words). A call's records
-// are those of its slot's newest epoch (older calls' records of warps its grid did not have are
+// `records`: the group's whole record buffer (llTraceWords(maxBlocks) words). A kernel's records
+// (a send-only and a receive-only kernel of one call count as two) are those of its slot's newest epoch (older calls' records of warps its grid did not have are
 // left out); a stamp of 0 is a point the warp did not reach. Points no record reached are left out.
 std::vector<LlTracePointSummary> summarizeLlTrace(const std::vector<uint32_t>& records, int maxBlocks);
 

@@ -197,16 +197,16 @@ __device__ __forceinline__ void traceKernelStart(const LlView& g) {
   }
 }
 
-// The warp's record (ll_kernels.h: llTraceRecord) of the operation `op`'s call `epoch`: its first
-// `points` stamps, relative to block 0's start. The whole warp, at its end.
-__device__ __forceinline__ void traceWarp(const LlView& g, int op, int points, uint64_t epoch) {
+// The warp's record (ll_kernels.h: llTraceRecord) of a kernel of kind `kind` (llTraceKind) in call
+// `epoch`: its first `points` stamps, relative to block 0's start. The whole warp, at its end.
+__device__ __forceinline__ void traceWarp(const LlView& g, int kind, int points, uint64_t epoch) {
   if (g.trace == nullptr) return;
   const int lane = threadIdx.x % kWarp;
   static_assert(kLlStamps + 1 <= kLlTraceRecordWords, "a record holds the epoch and every stamp");
   __syncwarp();  // every lane's stamps stored
   const uint32_t start = static_cast<uint32_t>(*reinterpret_cast<const volatile uint64_t*>(&g.counters->traceStart));
   const int warp = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x / kWarp);
-  uint32_t* record = g.trace + llTraceRecord(op, epoch, warp, g.counterBlocks);
+  uint32_t* record = g.trace + llTraceRecord(kind, epoch, warp, g.counterBlocks);
   if (lane == 0) {
     record[0] = static_cast<uint32_t>(epoch);
   } else if (lane <= kLlStamps) {
@@ -768,7 +768,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
                     send ? messageItems + g.layout.bitWords : 0);
   }
   stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(bitmapMask)); });
-  traceWarp(g, 0, kLlStamps, send ? epochs.e.send : epochs.e.receive);
+  traceWarp(g, llTraceKind(0, !send), kLlStamps, send ? epochs.e.send : epochs.e.receive);
 }
 
 // ---- combine ----------------------------------------------------------------------------------
@@ -1017,7 +1017,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   recordEpochs(g, counters, send, receive, epochs.e);
   if (receive) combineReceive(g, in, set, epochs.e.receive, receiveWarp, warps, firstRanks);
   stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(firstRanks)); });
-  traceWarp(g, 1, kCombineStamps, send ? epochs.e.send : epochs.e.receive);
+  traceWarp(g, llTraceKind(1, !send), kCombineStamps, send ? epochs.e.send : epochs.e.receive);
 }
 
 // Both kernels start with the parameter reads alone, then wait for the stream's previous kernel

@@ -78,8 +78,8 @@ UNIFAB_HOST_DEVICE constexpr int llCombinePartValues(int hidden, int p) {
   return hidden - p * kLlCombinePartValues < kLlCombinePartValues ? hidden - p * kLlCombinePartValues : kLlCombinePartValues;
 }
 
-// Byte offsets into the window (identical on every rank). Set b's arrays start at
-// setBase + b * setBytes; `messages` and `partials` are relative to that.
+// Byte offsets into the window (identical on every rank); set b's partials start at
+// setBase + b * setBytes + partials.
 struct LlLayout {
   size_t tokenBits;     // uint64 [kLlWordGenerations][nRanks][bitWords]: tagged bitmaps of the tokens
                         //   rank s sends us, generation e % kLlWordGenerations for the send of epoch e
@@ -146,19 +146,24 @@ struct LlView {
   char* peerBase[kMaxRanks];
 };
 
-// UNIFAB_EP_TRACE: each warp of a call writes one record of kLlTraceRecordWords words with plain
+// UNIFAB_EP_TRACE: each warp of a kernel writes one record of kLlTraceRecordWords words with plain
 // stores (no atomics: 2,000 warps recording into a few shared counters slowed the traced call by
-// microseconds), at [operation (0 dispatch, 1 combine)][epoch % kLlTraceCalls][block * kLlWarpsPerBlock
-// + warp]: word 0 the call's epoch (low 32 bits; a record whose epoch is not its slot's newest is
-// an older call's), word 1 + i its i-th stamp in nanoseconds after block 0's start, 0 if the warp
-// did not reach it (the host sums them up: unifabEpGroup::logLowLatencyTrace).
+// microseconds), at [kind (llTraceKind)][epoch % kLlTraceCalls][block * kLlWarpsPerBlock + warp]:
+// word 0 the call's epoch (low 32 bits; a record whose epoch is not its slot's newest is an older
+// call's), word 1 + i its i-th stamp in nanoseconds after block 0's start, 0 if the warp did not
+// reach it (the host sums them up: collectives/ep/ll_trace.cc).
 constexpr int kLlTraceCalls = 64;
 constexpr int kLlTraceRecordWords = 16;
-UNIFAB_HOST_DEVICE inline size_t llTraceRecord(int op, uint64_t epoch, int warp, int maxBlocks) {
-  return ((static_cast<size_t>(op) * kLlTraceCalls + epoch % kLlTraceCalls) * maxBlocks * kLlWarpsPerBlock + warp) *
+constexpr int kLlTraceKinds = 4;
+// A send-only kernel and the receive-only kernel that completes it share their epoch, so each kind
+// of kernel has records of its own: the dispatch's (operation 0) or the combine's (1), with a send
+// phase or receive-only.
+UNIFAB_HOST_DEVICE inline int llTraceKind(int operation, bool receiveOnly) { return 2 * operation + (receiveOnly ? 1 : 0); }
+UNIFAB_HOST_DEVICE inline size_t llTraceRecord(int kind, uint64_t epoch, int warp, int maxBlocks) {
+  return ((static_cast<size_t>(kind) * kLlTraceCalls + epoch % kLlTraceCalls) * maxBlocks * kLlWarpsPerBlock + warp) *
          kLlTraceRecordWords;
 }
-UNIFAB_HOST_DEVICE inline size_t llTraceWords(int maxBlocks) { return llTraceRecord(2, 0, 0, maxBlocks); }
+UNIFAB_HOST_DEVICE inline size_t llTraceWords(int maxBlocks) { return llTraceRecord(kLlTraceKinds, 0, 0, maxBlocks); }
 
 struct LlDispatchInput {
   int numTokens;

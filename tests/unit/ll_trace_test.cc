@@ -13,8 +13,8 @@ namespace {
 
 constexpr int kBlocks = 2;
 
-void writeRecord(std::vector<uint32_t>& records, int op, uint64_t epoch, int warp, std::vector<uint32_t> stamps) {
-  uint32_t* record = records.data() + kep::llTraceRecord(op, epoch, warp, kBlocks);
+void writeRecord(std::vector<uint32_t>& records, int kind, uint64_t epoch, int warp, std::vector<uint32_t> stamps) {
+  uint32_t* record = records.data() + kep::llTraceRecord(kind, epoch, warp, kBlocks);
   record[0] = static_cast<uint32_t>(epoch);
   for (size_t i = 0; i < stamps.size(); ++i) record[1 + i] = stamps[i];
 }
@@ -32,24 +32,27 @@ const unifab::collectives::ep::LlTracePointSummary* find(const std::vector<unifa
 TEST(LlTrace, NewestCallOfEachSlotCountsAndUnreachedStampsAreLeftOut) {
   std::vector<uint32_t> records(kep::llTraceWords(kBlocks), 0);
   // Slot 5 holds call 69; warp 9 still has call 5's record there (its grid was larger then).
-  writeRecord(records, 0, 69, 0, {100, 0, 300});
-  writeRecord(records, 0, 69, 1, {200, 50});
-  writeRecord(records, 0, 5, 9, {9999, 9999, 9999});
+  writeRecord(records, kep::llTraceKind(0, false), 69, 0, {100, 0, 300});
+  writeRecord(records, kep::llTraceKind(0, false), 69, 1, {200, 50});
+  writeRecord(records, kep::llTraceKind(0, false), 5, 9, {9999, 9999, 9999});
   // Call 70 in slot 6.
-  writeRecord(records, 0, 70, 3, {400});
+  writeRecord(records, kep::llTraceKind(0, false), 70, 3, {400});
+  // Call 70's receive-only kernel, apart from its send-only one: a kernel of its own.
+  writeRecord(records, kep::llTraceKind(0, true), 70, 3, {600});
   // A combine call: its first point only.
-  writeRecord(records, 1, 2, 31, {700});
+  writeRecord(records, kep::llTraceKind(1, false), 2, 31, {700});
   const auto all = summarizeLlTrace(records, kBlocks);
 
   const auto* started = find(all, kep::kTraceLlDispatchStarted);
   ASSERT_NE(started, nullptr);
-  EXPECT_EQ(started->count, 3u) << "call 5's stale record is not call 69's";
-  EXPECT_DOUBLE_EQ(started->meanNs, (100.0 + 200.0 + 400.0) / 3);
-  ASSERT_EQ(started->latestNs.size(), 2u);
+  EXPECT_EQ(started->count, 4u) << "call 5's stale record is not call 69's";
+  EXPECT_DOUBLE_EQ(started->meanNs, (100.0 + 200.0 + 400.0 + 600.0) / 4);
+  ASSERT_EQ(started->latestNs.size(), 3u) << "the receive-only kernel is a kernel of its own";
   EXPECT_EQ(started->latestNs[0], 200u);
   EXPECT_EQ(started->earliestNs[0], 100u);
   EXPECT_EQ(started->latestNs[1], 400u);
   EXPECT_EQ(started->earliestNs[1], 400u);
+  EXPECT_EQ(started->latestNs[2], 600u);
 
   const auto* second = find(all, kep::kTraceLlDispatchStarted + 1);
   ASSERT_NE(second, nullptr);
