@@ -107,8 +107,7 @@ const char* const kTraceNames[] = {
     "LL dispatch: bitmap word stored", "LL dispatch: first message's rows known",
     "LL dispatch: warp's rows stored", "LL combine: epochs read",
     "LL combine: first rows summed", "LL combine: warp's first lines stored", "LL combine: warp's last lines stored",
-    "LL combine: first partials' lines in", "LL combine: warp's tokens summed", "LL combine: warp's exit",
-    "LL combine: first item's rows known"};
+    "LL combine: first partials' lines in", "LL combine: warp's tokens summed", "LL combine: warp's exit"};
 static_assert(sizeof(kTraceNames) / sizeof(kTraceNames[0]) == kep::kTracePoints, "a name for every trace point");
 
 double medianUs(std::vector<unsigned long long>& ns) {

@@ -175,7 +175,6 @@ enum TracePoint : int {
   kTraceLlCombineLinesIn,     // each receiving warp: its first token's first partials all in
   kTraceLlCombineReceived,
   kTraceLlCombineExited,      // each warp: its end, once the loads it issued first are back
-  kTraceLlCombineRowsKnown,   // each sending warp: its first item's rows and weights in (rowOf, weightOf)
   kTracePoints
 };
 constexpr int kTraceCalls = 256;

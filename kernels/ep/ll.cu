@@ -139,10 +139,8 @@ enum LlStamp {
   kAwaited, kIdsIn, kValuesIn, kMaskIn, kWordStored, kRowsKnown, kRowsStored,    // the dispatch's further points
   kLlStamps
 };
-constexpr LlStamp kRowsKnownCombine = kAwaited;  // the combine's eighth stamp: its first item's rows in
 static_assert(kTraceLlCombineStarted - kTraceLlDispatchStarted == kLlStamps, "a trace point for each dispatch stamp");
-constexpr int kCombineStamps = kRowsKnownCombine + 1;
-static_assert(kTracePoints - kTraceLlCombineStarted == kCombineStamps, "a trace point for each of the combine's stamps");
+static_assert(kTracePoints - kTraceLlCombineStarted == kExited + 1, "a trace point for each of the combine's stamps");
 __device__ __forceinline__ uint32_t* warpStamps() {
   __shared__ uint32_t stamps[kWarps][kLlStamps];
   return stamps[threadIdx.x / kWarp];
@@ -197,10 +195,13 @@ __device__ __forceinline__ void traceKernelStart(const LlView& g) {
   }
 }
 
-// The warp's record (ll_kernels.h: llTraceRecord) of a kernel of kind `kind` (llTraceKind) in call
-// `epoch`: its first `points` stamps, relative to block 0's start. The whole warp, at its end.
-__device__ __forceinline__ void traceWarp(const LlView& g, int kind, int points, uint64_t epoch) {
-  if (g.trace == nullptr) return;
+// The warp's record (ll_kernels.h: llTraceRecord) of operation `operation`'s kernel (a
+// receive-only one or not) in call `epoch`: its first `points` stamps, relative to block 0's
+// start. The whole warp, at its end, only while tracing; out of line, so that the kernels' code
+// is laid out as without it (inline, it cost the combine 0.3 us untraced, docs/benchmarks/ep-ll.md,
+// thirtieth session).
+__device__ __noinline__ void traceWarp(const LlView& g, int operation, bool receiveOnly, int points, uint64_t epoch) {
+  const int kind = llTraceKind(operation, receiveOnly);
   const int lane = threadIdx.x % kWarp;
   static_assert(kLlStamps + 1 <= kLlTraceRecordWords, "a record holds the epoch and every stamp");
   __syncwarp();  // every lane's stamps stored
@@ -768,7 +769,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(int set, bool se
                     send ? messageItems + g.layout.bitWords : 0);
   }
   stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(bitmapMask)); });
-  traceWarp(g, llTraceKind(0, !send), kLlStamps, send ? epochs.e.send : epochs.e.receive);
+  if (g.trace != nullptr) traceWarp(g, 0, !send, kLlStamps, send ? epochs.e.send : epochs.e.receive);
 }
 
 // ---- combine ----------------------------------------------------------------------------------
@@ -885,7 +886,6 @@ __device__ void combineSend(const LlView& g, const LlCombineInput& in, int set, 
     if (item != warp) loadRowOf(g, in, set, slot, lane, row, weight);
     const unsigned rows = __ballot_sync(0xffffffff, row >= 0);
     if (rows == 0) continue;
-    stampOnce(g, kRowsKnownCombine, [&] { return traceNowAfter(g, rows); });
     const int firstVector = p * kLlCombinePartValues / 8;
     PartSum sum(min(kLlCombinePartValues, g.hidden - p * kLlCombinePartValues) / 8, lane);
     // Top-k slot order: the sum's order is fixed. kCombineRowsInFlight rows' loads at a time; each
@@ -1017,7 +1017,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(int set, bool sen
   recordEpochs(g, counters, send, receive, epochs.e);
   if (receive) combineReceive(g, in, set, epochs.e.receive, receiveWarp, warps, firstRanks);
   stampAgain(g, kExited, [&] { return traceNowAfter(g, static_cast<uint32_t>(firstRanks)); });
-  traceWarp(g, llTraceKind(1, !send), kCombineStamps, send ? epochs.e.send : epochs.e.receive);
+  if (g.trace != nullptr) traceWarp(g, 1, !send, kExited + 1, send ? epochs.e.send : epochs.e.receive);
 }
 
 // Both kernels start with the parameter reads alone, then wait for the stream's previous kernel
