@@ -102,10 +102,10 @@ const char* const kTraceNames[] = {
     "combine: last tokens helped", "combine: tokens reduced", "combine: last block done",
     "LL dispatch: epochs read", "LL dispatch: first part quantized", "LL dispatch: warp's lines stored",
     "LL dispatch: warp's last item done", "LL dispatch: first message's lines in",
-    "LL dispatch: warp's messages copied", "LL dispatch: warp's exit", "LL dispatch: first message's header seen",
+    "LL dispatch: warp's rows stored", "LL dispatch: warp's exit", "LL dispatch: first message's header seen",
     "LL dispatch: first part's ids in", "LL dispatch: first part's values in", "LL dispatch: bitmap mask known",
     "LL dispatch: bitmap word stored", "LL dispatch: first message's rows known",
-    "LL dispatch: warp's rows stored", "LL combine: epochs read",
+    "LL combine: epochs read",
     "LL combine: first rows summed", "LL combine: warp's first lines stored", "LL combine: warp's last lines stored",
     "LL combine: first partials' lines in", "LL combine: warp's tokens summed", "LL combine: warp's exit"};
 static_assert(sizeof(kTraceNames) / sizeof(kTraceNames[0]) == kep::kTracePoints, "a name for every trace point");

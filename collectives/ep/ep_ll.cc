@@ -47,8 +47,8 @@ Result unifabEpGroup::planLowLatencyLayout(const unifabEpConfig_t& config, int n
   // Messages and bitmap words in generations by epoch, partials in the dispatch's set: what makes
   // each reusable without a check (kernels/ep/ll_kernels.h).
   unifab::collectives::ep::Carver window(nullptr);
-  L.tokenBits = window.reserve(sizeof(uint64_t) * kep::kLlWordGenerations * nRanks * L.bitWords);
-  L.messages = window.reserve(L.messageGenerationBytes * kep::kLlWordGenerations);
+  L.tokenBits = window.reserve(sizeof(uint64_t) * kep::kLlGenerations * nRanks * L.bitWords);
+  L.messages = window.reserve(L.messageGenerationBytes * kep::kLlGenerations);
   L.setBase = window.reserve(L.setBytes * kep::kLlSets);
   L.total = window.used();
   *layout = L;

@@ -16,8 +16,9 @@ struct LlTracePointSummary {
 };
 
 // `records`: the group's whole record buffer (llTraceWords(maxBlocks) words). A kernel's records
-// (a send-only and a receive-only kernel of one call count as two) are those of its slot's newest epoch (older calls' records of warps its grid did not have are
-// left out); a stamp of 0 is a point the warp did not reach. Points no record reached are left out.
+// (a send-only and a receive-only kernel of one call count as two) are those of its slot's newest
+// epoch (older calls' records of warps its grid did not have are left out); a stamp of 0 is a
+// point the warp did not reach. Points no record reached are left out.
 std::vector<LlTracePointSummary> summarizeLlTrace(const std::vector<uint32_t>& records, int maxBlocks);
 
 }  // namespace unifab::collectives::ep

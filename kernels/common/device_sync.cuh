@@ -35,12 +35,6 @@ __device__ __forceinline__ uint64_t loadRelaxed(const uint64_t* address) {
   return value;
 }
 
-// Two adjacent words (16-byte aligned), loaded as one vector: each word is its own single-copy
-// atomic access, the two not ordered with each other.
-__device__ __forceinline__ void loadRelaxedPair(const uint64_t* address, uint64_t& first, uint64_t& second) {
-  asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(first), "=l"(second) : "l"(address) : "memory");
-}
-
 // Acquire at GPU scope: for words that this GPU's other blocks publish.
 __device__ __forceinline__ uint64_t loadAcquireGpu(const uint64_t* address) {
   uint64_t value;

@@ -159,7 +159,7 @@ enum TracePoint : int {
   kTraceLlDispatchLinesStored,  // each sending warp: its last part's lines stored
   kTraceLlDispatchSent,       // each sending warp: its last item (part or bitmap word) done
   kTraceLlDispatchLinesIn,    // each receiving warp: its first message's lines all in
-  kTraceLlDispatchReceived,   // each receiving warp: its last message copied
+  kTraceLlDispatchReceived,   // each receiving warp: its last message's rows stored (issued)
   kTraceLlDispatchExited,     // each warp: its end, once the loads it issued first are back
   kTraceLlDispatchRouted,     // each receiving warp: its first message's header lines and cleared counts seen
   kTraceLlDispatchIdsIn,      // each sending warp: its first part's top-k entries in and checked
@@ -167,7 +167,6 @@ enum TracePoint : int {
   kTraceLlDispatchMaskIn,     // each bitmap warp: its first word's token ranks known
   kTraceLlDispatchWordStored, // each bitmap warp: its first word stored to every rank
   kTraceLlDispatchRowsKnown,  // each receiving warp: its first message's rows known (after its first values poll)
-  kTraceLlDispatchRowsStored, // each receiving warp: its last message's rows stored (issued)
   kTraceLlCombineStarted,
   kTraceLlCombineLoaded,      // each sending warp: its first item's expert rows summed
   kTraceLlCombineStored,      // each sending warp: its first part's lines stored

@@ -136,7 +136,7 @@ __device__ __forceinline__ void touchParameterLines(const LlView& g, int inputFi
 // carried them through every path, traced or not. A stamp is taken by the whole warp.
 enum LlStamp {
   kStarted, kLoaded, kPublished, kSent, kArrived, kReceived, kExited,            // both operations
-  kAwaited, kIdsIn, kValuesIn, kMaskIn, kWordStored, kRowsKnown, kRowsStored,    // the dispatch's further points
+  kAwaited, kIdsIn, kValuesIn, kMaskIn, kWordStored, kRowsKnown,                 // the dispatch's further points
   kLlStamps
 };
 static_assert(kTraceLlCombineStarted - kTraceLlDispatchStarted == kLlStamps, "a trace point for each dispatch stamp");
@@ -257,7 +257,7 @@ __device__ __forceinline__ void recordEpochs(const LlView& g, LlOpCounters* c, b
 
 // The slot of rank `source`'s token `token` in rank `rank`, for a send of epoch `epoch`.
 __device__ __forceinline__ char* messageAt(const LlView& g, int rank, uint64_t epoch, int source, int token) {
-  const size_t generation = epoch % kLlWordGenerations;
+  const size_t generation = epoch % kLlGenerations;
   return at(g, rank, g.layout.messages + generation * g.layout.messageGenerationBytes) +
          (static_cast<size_t>(source) * g.maxTokens + token) * g.layout.messageBytes;
 }
@@ -384,7 +384,7 @@ __device__ void storeHeaderLines(const LlView& g, int t, uint64_t ranks, size_t 
 // The send phase of the warp `warp` of `warps`. `part` (loadPart: its first item's if that is a
 // part) and `bitmapMask` (tokenRankMask: its first item's if that is a bitmap word) were loaded
 // with the epochs. Nothing is checked before a slot or a bitmap word is written: both are in the
-// send's generation (kLlWordGenerations), whose last reader is done. Release words per message
+// send's generation (kLlGenerations), whose last reader is done. Release words per message
 // slot, loaded by the sender with its inputs and stored across NVLink by its receivers, cost the
 // dispatch 0.5 / 1.0 / 0.6 us at 1 / 32 / 128 tokens on one GPU (docs/benchmarks/ep-ll.md,
 // thirtieth session).
@@ -507,7 +507,7 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     stampOnce(g, kMaskIn, [&] { return traceNowAfter(g, __reduce_or_sync(0xffffffff, static_cast<unsigned>(mask))); });
     if (t < g.maxTokens) local.tokenRanks[t] = mask;
     if (!haveEpochs(g, epochs)) return;
-    const int generation = static_cast<int>(e.send % kLlWordGenerations);
+    const int generation = static_cast<int>(e.send % kLlGenerations);
     const size_t wordAt = g.layout.tokenBits + ((static_cast<size_t>(generation) * g.nRanks + g.rank) * g.layout.bitWords + c) * sizeof(uint64_t);
     for (int d = 0; d < g.nRanks; ++d) {
       const unsigned bits = __ballot_sync(0xffffffff, (mask >> d) & 1ULL);
@@ -570,7 +570,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
   const int scalesPerRow = g.hidden / kScaleBlock;
   // The bitmap words of the send this receive completes (its epoch's generation).
   const uint64_t* tokenBits = reinterpret_cast<const uint64_t*>(at(g, g.rank, g.layout.tokenBits)) +
-                              static_cast<size_t>(epoch % kLlWordGenerations) * g.nRanks * g.layout.bitWords;
+                              static_cast<size_t>(epoch % kLlGenerations) * g.nRanks * g.layout.bitWords;
   const int firstExpert = g.rank * g.numLocalExperts;
   // Lane l moves piece l % 8 of line l / 8 of each group: row vector 28 q + laneVector of value
   // group q, unless it is the flag's piece, which holds the line's FP8 scale.
@@ -718,8 +718,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
         }
       }
     }
-    stampAgain(g, kRowsStored, [&] { return traceNowIssued(g); });
-    stampAgain(g, kReceived, [&] { return traceNow(g); });
+    stampAgain(g, kReceived, [&] { return traceNowIssued(g); });
   }
 }
 

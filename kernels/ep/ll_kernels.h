@@ -22,7 +22,7 @@
 // (the expert-major rows, the counts) and the combine's partials; epochs count the calls of each
 // phase on the device, so a captured graph replays with fresh tags and flags. The peers' memory
 // that a send writes is reused without any check, because each writer can prove that the last
-// reader is done: the dispatch's messages and bitmap words come in kLlWordGenerations generations
+// reader is done: the dispatch's messages and bitmap words come in kLlGenerations generations
 // by epoch, and a combine partial's slot was last read before the receiver's dispatch send that
 // this call's dispatch receive waited for (docs/design.md, "Reuse of a set"). So no warp loads
 // or stores a word across NVLink only to say a slot is free.
@@ -40,11 +40,11 @@ namespace unifab::kernels::ep {
 constexpr int kLlPartValues = 7 * kScaleBlock;  // values per message part (one warp): whole lines in either dtype
 constexpr int kLlSets = 2;
 // Generations of the dispatch's messages and bitmap words in every receiver: a send of epoch e
-// writes generation e % kLlWordGenerations. Four, because a send of epoch e runs after this rank's
+// writes generation e % kLlGenerations. Four, because a send of epoch e runs after this rank's
 // receive of e - 2 (at most kLlSets sends await their receive), which saw every rank's send of
 // e - 2, which ran after that rank's receive of e - 4: the last reader of generation e % 4 is
 // done, so nothing a send writes needs a release word (ll.cu, dispatchSend).
-constexpr int kLlWordGenerations = 4;
+constexpr int kLlGenerations = 4;
 constexpr int kLlWarpsPerBlock = 16;  // a phase of a few hundred parts spreads over many SMs
 constexpr int kLlReceiveTeamMax = 4;  // warps that read one dispatch message together (ll.cu: receiveTeamShift)
 
@@ -81,10 +81,10 @@ UNIFAB_HOST_DEVICE constexpr int llCombinePartValues(int hidden, int p) {
 // Byte offsets into the window (identical on every rank); set b's partials start at
 // setBase + b * setBytes + partials.
 struct LlLayout {
-  size_t tokenBits;     // uint64 [kLlWordGenerations][nRanks][bitWords]: tagged bitmaps of the tokens
-                        //   rank s sends us, generation e % kLlWordGenerations for the send of epoch e
-  size_t messages;      // [kLlWordGenerations][nRanks][maxTokens][messageBytes]: slot of (source rank,
-                        //   token) for the send of epoch e in generation e % kLlWordGenerations, a run
+  size_t tokenBits;     // uint64 [kLlGenerations][nRanks][bitWords]: tagged bitmaps of the tokens
+                        //   rank s sends us, generation e % kLlGenerations for the send of epoch e
+  size_t messages;      // [kLlGenerations][nRanks][maxTokens][messageBytes]: slot of (source rank,
+                        //   token) for the send of epoch e in generation e % kLlGenerations, a run
                         //   of llRunLines flagged lines
   size_t messageGenerationBytes;  // nRanks * maxTokens * messageBytes
   size_t setBase;
