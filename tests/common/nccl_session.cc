@@ -21,6 +21,12 @@ bool NcclSession::init(const RankEnvironment& env) {
     fprintf(stderr, "rank %d: no CUDA device\n", env.rank);
     return false;
   }
+  if (env.nRanks > devices && std::getenv("NCCL_HOSTID") == nullptr) {
+    fprintf(stderr, "rank %d: %d ranks on %d visible GPU(s) of one host, which NCCL refuses: skipped (this test needs a GPU a rank)\n",
+            env.rank, env.nRanks, devices);
+    skipped_ = true;
+    return false;
+  }
   TEST_CUDA_CHECK(cudaSetDevice(env.localRank % devices));
   TEST_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(double)));
   TEST_CUDA_CHECK(cudaMemset(scratch_, 0, sizeof(double)));

@@ -32,6 +32,10 @@
 
 namespace unifab::test {
 
+// What a test exits with when this machine cannot run it (ctest's SKIP_RETURN_CODE for the gpu
+// label): e.g. two ranks of one host but one GPU, which NCCL refuses.
+constexpr int kSkipExitCode = 77;
+
 // An instantiated CUDA graph, destroyed with this object.
 class GraphExec {
  public:
@@ -55,8 +59,11 @@ class NcclSession {
   NcclSession(const NcclSession&) = delete;
   NcclSession& operator=(const NcclSession&) = delete;
 
-  // Selects the GPU (local rank modulo the visible count) and joins the communicator.
+  // Selects the GPU (local rank modulo the visible count) and joins the communicator. False, with
+  // skipped() true and a message, where the ranks outnumber the visible GPUs and NCCL_HOSTID does
+  // not make them separate hosts: NCCL refuses two ranks of one host on one GPU.
   bool init(const RankEnvironment& env);
+  bool skipped() const { return skipped_; }
   bool run(Collective collective, const void* send, void* recv, size_t sendCount, size_t recvCount);
   // `calls` runs of the collective captured on this session's stream into one graph (as training
   // loops capture them); `graph` must be empty.
@@ -80,6 +87,7 @@ class NcclSession {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   double* scratch_ = nullptr;  // device word for barrier and maxOverRanks
+  bool skipped_ = false;
 };
 
 // The NCCL debug file this process writes, from NCCL_DEBUG_FILE's %h and %p; "" if unset.

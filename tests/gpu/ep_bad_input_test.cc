@@ -298,7 +298,7 @@ bool run(NcclSession& session) {
 int main() {
   RankEnvironment env = rankEnvironment();
   NcclSession session;
-  if (!session.init(env)) return 1;
+  if (!session.init(env)) return session.skipped() ? kSkipExitCode : 1;
   if (!run(session)) {
     printf("aborted\n");
     return 1;

@@ -584,7 +584,7 @@ int main(int argc, char** argv) {
   }
   tally().rank = env.rank;
   NcclSession session;
-  if (!session.init(env)) return 1;
+  if (!session.init(env)) return session.skipped() ? kSkipExitCode : 1;
   if (lateBlocks) {
     if (session.nRanks() < 2 || !runLateBlocks(session, makeShape(session.nRanks(), 64, 2048, 6, 128))) {
       printf("rank %d: aborted in the late-blocks check (needs 2 ranks)\n", env.rank);

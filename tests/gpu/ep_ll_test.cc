@@ -444,7 +444,7 @@ int main(int argc, char** argv) {
   }
   tally().rank = env.rank;
   NcclSession session;
-  if (!session.init(env)) return 1;
+  if (!session.init(env)) return session.skipped() ? kSkipExitCode : 1;
   struct ShapeSpec {
     int experts, hidden, topk, tokens;
     bool programmatic = true;  // the group's programmaticLaunch (the default); one shape runs in plain stream order

@@ -30,8 +30,6 @@ using namespace unifab::test;
 
 namespace {
 
-constexpr int kSkipped = 77;
-
 // unifabEpCreate in `mode` fails with `expected` and a message containing `mentions`, and leaves
 // no group behind.
 void expectRefused(NcclSession& session, unifabEpMode_t mode, unifabResult_t expected, const char* mentions,
@@ -131,10 +129,10 @@ int main(int argc, char** argv) {
   if (ncclGetVersion(&runtime) != ncclSuccess) return 1;
   if (mode == "--nccl-mismatch" && runtime == NCCL_VERSION_CODE) {
     printf("rank %d: the NCCL found is %d, the build's own: nothing to refuse (skipped)\n", env.rank, runtime);
-    return kSkipped;
+    return kSkipExitCode;
   }
   NcclSession& session = *new NcclSession();  // never destroyed: see _exit below
-  if (!session.init(env)) return 1;
+  if (!session.init(env)) return session.skipped() ? kSkipExitCode : 1;
   if (mode == "--mismatch") {
     checkMismatches(session);
     const int status = finishChecks();

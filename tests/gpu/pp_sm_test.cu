@@ -284,7 +284,7 @@ int main() {
   RankEnvironment env = rankEnvironment();
   tally().rank = env.rank;
   NcclSession session;
-  if (!session.init(env)) return 1;
+  if (!session.init(env)) return session.skipped() ? kSkipExitCode : 1;
   if (!run(env, session)) {
     abandonRank("");
   }

@@ -260,7 +260,7 @@ int main(int argc, char** argv) {
   RankEnvironment env = rankEnvironment();
   tally().rank = env.rank;
   NcclSession session;
-  if (!session.init(env)) return 1;
+  if (!session.init(env)) return session.skipped() ? kSkipExitCode : 1;
   unifabPpConfig_t config = UNIFAB_PP_CONFIG_INIT;
   if (smallSlots || watchdog) {
     config.chunkBytes = 64 << 10;
