@@ -288,12 +288,11 @@ int runTuneSweep(Args& args, const char* self) {
     return 1;
   }
   // One rank's collectives move nothing between GPUs: there is nothing for the tuner to choose, so
-  // an acceptance run (--max-gap) on one GPU is skipped (77, ctest's SKIP_RETURN_CODE for the gpu
-  // label), not passed or failed.
+  // an acceptance run (--max-gap) on one GPU is skipped (test::kSkipExitCode), not passed or failed.
   if (maxGap >= 0 && gpus < 2) {
     printf("# skipped: the acceptance check needs two or more ranks (%d GPU found)\n", gpus);
     fclose(summary);
-    return 77;
+    return test::kSkipExitCode;
   }
   for (const std::string& op : ops) {
     std::vector<Config> configs;

@@ -10,6 +10,7 @@
 
 #include "tests/common/device_data.h"
 #include "tests/common/rank_launcher.h"
+#include "tests/common/test_util.h"
 
 #define TEST_CUDA_CHECK(call)                                                                       \
   do {                                                                                              \
@@ -31,10 +32,6 @@
   } while (0)
 
 namespace unifab::test {
-
-// What a test exits with when this machine cannot run it (ctest's SKIP_RETURN_CODE for the gpu
-// label): e.g. two ranks of one host but one GPU, which NCCL refuses.
-constexpr int kSkipExitCode = 77;
 
 // An instantiated CUDA graph, destroyed with this object.
 class GraphExec {

@@ -16,6 +16,10 @@
 
 namespace unifab::test {
 
+// What a test exits with when this machine cannot run it (ctest's SKIP_RETURN_CODE for the gpu
+// label): e.g. two ranks of one host but one GPU, which NCCL refuses.
+constexpr int kSkipExitCode = 77;
+
 // splitmix64: cheap and well mixed, so (seed, index) -> value needs no stored table and the
 // host and the GPU compute the same data.
 UNIFAB_TEST_HD uint64_t mix64(uint64_t x) {
