@@ -262,6 +262,14 @@ __device__ __forceinline__ char* messageAt(const LlView& g, int rank, uint64_t e
          (static_cast<size_t>(source) * g.maxTokens + token) * g.layout.messageBytes;
 }
 
+// Rank `source`'s bitmap word `word` (tokens 32 word .. 32 word + 31) in rank `rank`, for a send of
+// epoch `epoch`.
+__device__ __forceinline__ uint64_t* bitWordAt(const LlView& g, int rank, uint64_t epoch, int source, int word) {
+  const size_t generation = epoch % kLlGenerations;
+  return reinterpret_cast<uint64_t*>(at(g, rank, g.layout.tokenBits)) +
+         (generation * g.nRanks + source) * g.layout.bitWords + word;
+}
+
 // The lines of rank `source`'s combine partial for token `token` (of rank `rank`).
 __device__ __forceinline__ char* partialAt(const LlView& g, int rank, int set, int source, int token) {
   return at(g, rank, setOffset(g, set) + g.layout.partials) +
@@ -507,11 +515,9 @@ __device__ void dispatchSend(const LlView& g, const LlDispatchInput& in, int set
     stampOnce(g, kMaskIn, [&] { return traceNowAfter(g, __reduce_or_sync(0xffffffff, static_cast<unsigned>(mask))); });
     if (t < g.maxTokens) local.tokenRanks[t] = mask;
     if (!haveEpochs(g, epochs)) return;
-    const int generation = static_cast<int>(e.send % kLlGenerations);
-    const size_t wordAt = g.layout.tokenBits + ((static_cast<size_t>(generation) * g.nRanks + g.rank) * g.layout.bitWords + c) * sizeof(uint64_t);
     for (int d = 0; d < g.nRanks; ++d) {
       const unsigned bits = __ballot_sync(0xffffffff, (mask >> d) & 1ULL);
-      if (lane == d % kWarp) storeRelaxed(reinterpret_cast<uint64_t*>(at(g, d, wordAt)), countWord(e.send, static_cast<int>(bits)));
+      if (lane == d % kWarp) storeRelaxed(bitWordAt(g, d, e.send, g.rank, c), countWord(e.send, static_cast<int>(bits)));
     }
     stampOnce(g, kWordStored, [&] { return traceNowIssued(g); });
   }
@@ -568,9 +574,6 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
   const size_t rowBytes = static_cast<size_t>(g.hidden) * valueBytes;
   const int vectors = static_cast<int>(rowBytes / 16);
   const int scalesPerRow = g.hidden / kScaleBlock;
-  // The bitmap words of the send this receive completes (its epoch's generation).
-  const uint64_t* tokenBits = reinterpret_cast<const uint64_t*>(at(g, g.rank, g.layout.tokenBits)) +
-                              static_cast<size_t>(epoch % kLlGenerations) * g.nRanks * g.layout.bitWords;
   const int firstExpert = g.rank * g.numLocalExperts;
   // Lane l moves piece l % 8 of line l / 8 of each group: row vector 28 q + laneVector of value
   // group q, unless it is the flag's piece, which holds the line's FP8 scale.
@@ -635,7 +638,7 @@ __device__ void dispatchReceive(const LlView& g, const LlDispatchInput& in, int 
   for (int n = (fromTop >> teamShift) * blocks + home; n < slots; n += stride) {
     const int t = quotientOf(g.ranks, n), s = n - t * g.nRanks;
     const int slot = s * g.maxTokens + t;
-    const uint64_t* bitsWord = tokenBits + static_cast<size_t>(s) * g.layout.bitWords + t / kWarp;
+    const uint64_t* bitsWord = bitWordAt(g, g.rank, epoch, s, t / kWarp);  // of the send this receive completes
     const int4* lanePiece = reinterpret_cast<const int4*>(messageAt(g, g.rank, epoch, s, t) + laneLine * kLineBytes + lane % 8 * 16);
     const SlotState state = awaitSlot(bitsWord, lanePiece + groups * kGroupPieces, t);
     if (state == kWaitFailed) return;
